@@ -1,0 +1,28 @@
+//! Tensors: a shared device [`Buffer`](mirra_device::Buffer) seen through a strided
+//! [`Layout`], and the CPU kernels that compute on them.
+//!
+//! Tensors are immutable values with cheap clones (the buffer is reference-counted);
+//! views (transpose, slice, broadcast, reshape of contiguous data) share the buffer.
+//! Every operation returns a [`Result`] whose error names the op, shapes and dtypes.
+//! Floating-point kernels are written once, generically over
+//! [`FloatElement`](mirra_device::FloatElement), and serve f32, f64, f16 and bf16.
+
+mod dispatch;
+mod error;
+pub mod init;
+mod layout;
+mod ops;
+mod shape;
+mod tensor;
+mod threads;
+
+pub use error::TensorError;
+pub use layout::Layout;
+pub use mirra_device::{DType, Device, Element, FloatElement};
+pub use ops::{BinaryOp, UnaryOp};
+pub use shape::{Shape, MAX_RANK};
+pub use tensor::Tensor;
+pub use threads::{num_threads, set_num_threads};
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, TensorError>;

@@ -1,0 +1,11 @@
+//! Tensor operations, one module per family. Each family has one generic kernel that
+//! serves every dtype it supports.
+
+mod elementwise;
+mod index;
+mod matmul;
+mod reduce;
+mod shape_ops;
+mod softmax;
+
+pub use elementwise::{BinaryOp, UnaryOp};

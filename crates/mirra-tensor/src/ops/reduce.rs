@@ -1,0 +1,280 @@
+//! Reductions over any set of axes (sum, mean, max), `sum_to` for broadcasting's
+//! backward, and argmax. One strided kernel serves them all; accumulation runs in the
+//! dtype's accumulation type (f32 for 16-bit floats).
+
+use mirra_device::{Buffer, Element, FloatElement};
+use num_traits::Float;
+
+use crate::dispatch::with_float;
+use crate::layout::for_each_row;
+use crate::{Result, Shape, Tensor, TensorError, MAX_RANK};
+
+#[derive(Clone, Copy)]
+enum Reduce {
+    Sum,
+    Max,
+}
+
+impl Tensor {
+    /// Sum over `axes` (negative counts from the end; empty means all axes).
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce("sum", Reduce::Sum, axes, keepdim)
+    }
+
+    /// Sum of all elements as a rank-0 tensor.
+    pub fn sum_all(&self) -> Result<Tensor> {
+        self.sum(&[], false)
+    }
+
+    /// Mean over `axes` (empty means all axes).
+    pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let mask = self.axis_mask("mean", axes)?;
+        let count: usize = (0..self.rank())
+            .filter(|&d| mask[d])
+            .map(|d| self.dims()[d])
+            .product();
+        self.sum(axes, keepdim)?.scale(1.0 / count.max(1) as f64)
+    }
+
+    /// Maximum over `axes` (empty means all axes); an error on an empty reduction.
+    pub fn max(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        if self.elem_count() == 0 {
+            return Err(TensorError::Invalid {
+                op: "max",
+                msg: "maximum of no elements".into(),
+                shape: *self.shape(),
+            });
+        }
+        self.reduce("max", Reduce::Max, axes, keepdim)
+    }
+
+    /// Sum over the dimensions that a broadcast from `dims` to this shape expanded, giving
+    /// a tensor of shape `dims` (the backward of broadcasting).
+    pub fn sum_to(&self, dims: &[usize]) -> Result<Tensor> {
+        let target = Shape::new(dims)?;
+        if self.shape() == &target {
+            return Ok(self.clone());
+        }
+        if Shape::broadcast("sum_to", &target, self.shape())? != *self.shape() {
+            return Err(TensorError::ShapeMismatch {
+                op: "sum_to",
+                lhs: *self.shape(),
+                rhs: target,
+            });
+        }
+        let shift = self.rank() - target.rank();
+        let axes: Vec<isize> = (0..self.rank())
+            .filter(|&d| d < shift || (target[d - shift] == 1 && self.dims()[d] != 1))
+            .map(|d| d as isize)
+            .collect();
+        if axes.is_empty() {
+            return self.reshape(dims);
+        }
+        self.sum(&axes, true)?.reshape(dims)
+    }
+
+    /// Index of the largest element along `axis` (the first one on ties), as i64.
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let ax = self.shape().axis("argmax", axis)?;
+        let n = self.dims()[ax];
+        if n == 0 {
+            return Err(TensorError::Invalid {
+                op: "argmax",
+                msg: "argmax over an empty axis".into(),
+                shape: *self.shape(),
+            });
+        }
+        let last = self.rank() as isize - 1;
+        let moved = self.transpose(ax as isize, last)?.contiguous()?;
+        let rows = self.elem_count() / n;
+        let mut out = Vec::with_capacity(rows);
+        with_float!("argmax", self.dtype(), T => {
+            for row in moved.as_slice::<T>()?.chunks_exact(n) {
+                let mut best = 0;
+                for (j, x) in row.iter().enumerate() {
+                    if x.to_acc() > row[best].to_acc() {
+                        best = j;
+                    }
+                }
+                out.push(best as i64);
+            }
+            Ok::<(), TensorError>(())
+        })?;
+        let mut dims = self.dims().to_vec();
+        dims[ax] = 1;
+        let t = Tensor::from_vec(out, &moved.dims()[..self.rank() - 1], self.device())?;
+        let t = t
+            .unsqueeze(self.rank() - 1)?
+            .transpose(ax as isize, last)?
+            .contiguous()?;
+        if keepdim {
+            t.reshape(&dims)
+        } else {
+            dims.remove(ax);
+            t.reshape(&dims)
+        }
+    }
+
+    fn axis_mask(&self, op: &'static str, axes: &[isize]) -> Result<[bool; MAX_RANK]> {
+        let mut mask = [axes.is_empty(); MAX_RANK];
+        if !axes.is_empty() {
+            for &a in axes {
+                mask[self.shape().axis(op, a)?] = true;
+            }
+        }
+        Ok(mask)
+    }
+
+    fn reduce(&self, op: &'static str, kind: Reduce, axes: &[isize], keep: bool) -> Result<Tensor> {
+        let mask = self.axis_mask(op, axes)?;
+        let out = with_float!(op, self.dtype(), T => reduce_kernel::<T>(self, &mask, kind))?;
+        if keep {
+            return Ok(out);
+        }
+        let dims: Vec<usize> = (0..self.rank())
+            .filter(|&d| !mask[d])
+            .map(|d| self.dims()[d])
+            .collect();
+        out.reshape(&dims)
+    }
+}
+
+/// Reduces the masked axes, keeping them as size-1 dimensions.
+fn reduce_kernel<T: FloatElement>(
+    x: &Tensor,
+    mask: &[bool; MAX_RANK],
+    kind: Reduce,
+) -> Result<Tensor> {
+    let shape = *x.shape();
+    let mut out_dims = [0; MAX_RANK];
+    for d in 0..shape.rank() {
+        out_dims[d] = if mask[d] { 1 } else { shape[d] };
+    }
+    let out_shape = Shape::new(&out_dims[..shape.rank()])?;
+    // Output strides in the input's frame: 0 along reduced axes.
+    let mut out_strides = out_shape.contiguous_strides();
+    for d in 0..shape.rank() {
+        if mask[d] {
+            out_strides[d] = 0;
+        }
+    }
+    let (init, f): (T::Acc, fn(T::Acc, T::Acc) -> T::Acc) = match kind {
+        Reduce::Sum => (<T::Acc as num_traits::Zero>::zero(), |a, b| a + b),
+        Reduce::Max => (T::Acc::neg_infinity(), |a, b| a.max(b)),
+    };
+    let mut acc = Buffer::alloc(
+        <T::Acc as Element>::DTYPE,
+        out_shape.elem_count(),
+        x.device(),
+    )?;
+    let dst = acc.as_mut_slice::<T::Acc>()?;
+    dst.fill(init);
+    let src = x.buffer().as_slice::<T>()?;
+    let in_strides = x.layout().broadcast_strides(&shape);
+    let last = shape.rank().checked_sub(1);
+    let inner = last.map_or(1, |l| shape[l]);
+    let (is, os) = last.map_or((0, 0), |l| (in_strides[l], out_strides[l]));
+    for_each_row(
+        &shape,
+        [&in_strides, &out_strides],
+        [x.layout().offset(), 0],
+        |[i, o]| {
+            if os == 0 {
+                let mut a = dst[o];
+                for j in 0..inner {
+                    a = f(a, src[i + j * is].to_acc());
+                }
+                dst[o] = a;
+            } else {
+                for (j, d) in dst[o..o + inner].iter_mut().enumerate() {
+                    *d = f(*d, src[i + j * is].to_acc());
+                }
+            }
+        },
+    );
+    if T::DTYPE == <T::Acc as Element>::DTYPE {
+        return Tensor::from_buffer(acc, &out_shape);
+    }
+    let mut out = Buffer::alloc(T::DTYPE, out_shape.elem_count(), x.device())?;
+    for (d, &a) in out
+        .as_mut_slice::<T>()?
+        .iter_mut()
+        .zip(acc.as_slice::<T::Acc>()?)
+    {
+        *d = T::from_acc(a);
+    }
+    Tensor::from_buffer(out, &out_shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Tensor};
+
+    fn iota(dims: &[usize]) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|x| x as f32).collect();
+        Tensor::from_slice(&v, dims, Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn sums_over_each_axis_and_all() {
+        let x = iota(&[2, 3]);
+        assert_eq!(
+            x.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+            [3., 5., 7.]
+        );
+        assert_eq!(x.sum(&[-1], true).unwrap().dims(), &[2, 1]);
+        assert_eq!(
+            x.sum(&[1], false).unwrap().to_vec::<f32>().unwrap(),
+            [3., 12.]
+        );
+        assert_eq!(x.sum_all().unwrap().to_scalar::<f32>().unwrap(), 15.);
+        assert_eq!(x.mean(&[], false).unwrap().to_scalar::<f32>().unwrap(), 2.5);
+        assert_eq!(
+            x.t()
+                .unwrap()
+                .max(&[1], false)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            [3., 4., 5.]
+        );
+    }
+
+    #[test]
+    fn half_precision_sums_accumulate_in_f32() {
+        let x = Tensor::ones(&[4096], DType::F16, Device::Cpu).unwrap();
+        // Summed in f16, this would stall at 2048.
+        assert_eq!(
+            x.sum_all()
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            4096.
+        );
+    }
+
+    #[test]
+    fn sum_to_undoes_broadcasting() {
+        let g = Tensor::ones(&[4, 2, 3], DType::F32, Device::Cpu).unwrap();
+        let s = g.sum_to(&[2, 1]).unwrap();
+        assert_eq!(s.dims(), &[2, 1]);
+        assert_eq!(s.to_vec::<f32>().unwrap(), [12., 12.]);
+        assert_eq!(
+            g.sum_to(&[3]).unwrap().to_vec::<f32>().unwrap(),
+            [8., 8., 8.]
+        );
+    }
+
+    #[test]
+    fn argmax_along_rows_and_columns() {
+        let x = Tensor::from_slice(&[1f32, 5., 2., 7., 0., 7.], &[2, 3], Device::Cpu).unwrap();
+        assert_eq!(x.argmax(1, false).unwrap().to_vec::<i64>().unwrap(), [1, 0]);
+        assert_eq!(
+            x.argmax(0, false).unwrap().to_vec::<i64>().unwrap(),
+            [1, 0, 1]
+        );
+    }
+}

@@ -1,0 +1,300 @@
+use std::fmt;
+use std::sync::Arc;
+
+use mirra_device::{Buffer, DType, Device, Element};
+
+use crate::dispatch::with_any;
+use crate::layout::for_each_row;
+use crate::{Layout, Result, Shape, TensorError};
+
+/// An n-dimensional array: a reference-counted [`Buffer`] and a [`Layout`] over it.
+///
+/// Cloning is cheap (the buffer is shared). Tensors are values: operations return new
+/// tensors, and [`Tensor::data_mut`] copies the buffer first when it is shared, so a
+/// write is never seen through another tensor.
+#[derive(Clone)]
+pub struct Tensor {
+    buffer: Arc<Buffer>,
+    layout: Layout,
+}
+
+impl Tensor {
+    /// A contiguous tensor over a whole buffer; an error when the sizes disagree.
+    pub fn from_buffer(buffer: Buffer, shape: &[usize]) -> Result<Tensor> {
+        let shape = Shape::new(shape)?;
+        if shape.elem_count() != buffer.len() {
+            return Err(TensorError::Invalid {
+                op: "from_buffer",
+                msg: format!("buffer holds {} elements", buffer.len()),
+                shape,
+            });
+        }
+        Ok(Tensor {
+            buffer: Arc::new(buffer),
+            layout: Layout::contiguous(shape),
+        })
+    }
+
+    /// A tensor holding a copy of `data` with the given shape.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::from_buffer(Buffer::from_slice(data, device)?, shape).map_err(|e| match e {
+            TensorError::Invalid { shape, .. } => TensorError::Invalid {
+                op: "from_slice",
+                msg: format!(
+                    "{} values given for {} elements",
+                    data.len(),
+                    shape.elem_count()
+                ),
+                shape,
+            },
+            e => e,
+        })
+    }
+
+    /// A tensor from a vector of values with the given shape.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::from_slice(&data, shape, device)
+    }
+
+    /// A rank-0 tensor holding `value`.
+    pub fn scalar<T: Element>(value: T, device: Device) -> Result<Tensor> {
+        Tensor::from_slice(&[value], &[], device)
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        let shape = Shape::new(shape)?;
+        Tensor::from_buffer(Buffer::zeros(dtype, shape.elem_count(), device)?, &shape)
+    }
+
+    /// A tensor with every element `value` (converted to `dtype`).
+    pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+        let shape = Shape::new(shape)?;
+        let mut buf = Buffer::alloc(dtype, shape.elem_count(), device)?;
+        with_any!(dtype, T => buf.as_mut_slice::<T>()?.fill(T::from_f64(value)));
+        Tensor::from_buffer(buf, &shape)
+    }
+
+    /// A tensor of ones.
+    pub fn ones(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype, device)
+    }
+
+    /// A new tensor with this one's shape, every element `value`.
+    pub fn full_like(&self, value: f64) -> Result<Tensor> {
+        Tensor::full(self.shape(), value, self.dtype(), self.device())
+    }
+
+    /// A new tensor of zeros with this one's shape and dtype.
+    pub fn zeros_like(&self) -> Result<Tensor> {
+        Tensor::zeros(self.shape(), self.dtype(), self.device())
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        self.layout.shape()
+    }
+
+    /// The dimensions (same as `shape()`, as a slice).
+    pub fn dims(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape().rank()
+    }
+
+    /// Number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.shape().elem_count()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.buffer.dtype()
+    }
+
+    /// The device holding the data.
+    pub fn device(&self) -> Device {
+        self.buffer.device()
+    }
+
+    /// The layout (shape, strides, offset).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// True when the elements are a row-major run of the buffer.
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// True when both tensors view the same buffer.
+    pub fn same_buffer(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.buffer, &other.buffer)
+    }
+
+    /// The underlying buffer (all of it, whatever part the layout views).
+    pub fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+
+    /// A view of the same buffer with another layout.
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor {
+            buffer: self.buffer.clone(),
+            layout,
+        }
+    }
+
+    /// The elements of a contiguous tensor as a slice; an error for a strided view or
+    /// another dtype (call [`Tensor::contiguous`] first).
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        if !self.is_contiguous() {
+            return Err(TensorError::Invalid {
+                op: "as_slice",
+                msg: "tensor is a strided view; call contiguous() first".into(),
+                shape: *self.shape(),
+            });
+        }
+        let start = self.layout.offset();
+        Ok(&self.buffer.as_slice::<T>()?[start..start + self.elem_count()])
+    }
+
+    /// The elements, mutably. Makes the tensor contiguous and its buffer unshared first
+    /// (copying when needed), so the write is seen by this tensor alone.
+    pub fn data_mut<T: Element>(&mut self) -> Result<&mut [T]> {
+        if T::DTYPE != self.dtype() {
+            return Err(TensorError::DTypeMismatch {
+                op: "data_mut",
+                lhs: self.dtype(),
+                rhs: T::DTYPE,
+            });
+        }
+        let whole = self.layout.offset() == 0 && self.elem_count() == self.buffer.len();
+        if !(self.is_contiguous() && whole) {
+            *self = self.copy()?;
+        }
+        let buf = Arc::make_mut(&mut self.buffer);
+        Ok(buf.as_mut_slice::<T>()?)
+    }
+
+    /// The elements in row-major order, copied out.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.contiguous()?.as_slice::<T>()?.to_vec())
+    }
+
+    /// The single element of a one-element tensor.
+    pub fn to_scalar<T: Element>(&self) -> Result<T> {
+        if self.elem_count() != 1 {
+            return Err(TensorError::Invalid {
+                op: "to_scalar",
+                msg: "tensor does not hold exactly one element".into(),
+                shape: *self.shape(),
+            });
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+
+    /// This tensor if it is contiguous, else a contiguous copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            Ok(self.clone())
+        } else {
+            self.copy()
+        }
+    }
+
+    /// A contiguous copy with its own buffer.
+    pub fn copy(&self) -> Result<Tensor> {
+        let shape = *self.shape();
+        let mut out = Buffer::alloc(self.dtype(), shape.elem_count(), self.device())?;
+        with_any!(self.dtype(), T => {
+            let src = self.buffer.as_slice::<T>()?;
+            let dst = out.as_mut_slice::<T>()?;
+            let strides = self.layout.broadcast_strides(&shape);
+            let inner = *shape.last().unwrap_or(&1);
+            let step = if shape.rank() == 0 { 0 } else { strides[shape.rank() - 1] };
+            let mut o = 0;
+            for_each_row(&shape, [&strides], [self.layout.offset()], |[s]| {
+                for j in 0..inner {
+                    dst[o + j] = src[s + j * step];
+                }
+                o += inner;
+            });
+        });
+        Tensor::from_buffer(out, &shape)
+    }
+
+    /// The elements converted to another dtype (a copy; floats round to nearest,
+    /// floats to integers truncate toward zero).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let src = self.contiguous()?;
+        let mut out = Buffer::alloc(dtype, src.elem_count(), self.device())?;
+        with_any!(self.dtype(), S => {
+            let s = src.as_slice::<S>()?;
+            with_any!(dtype, D => {
+                for (d, &x) in out.as_mut_slice::<D>()?.iter_mut().zip(s) {
+                    *d = D::from_f64(x.to_f64());
+                }
+            });
+        });
+        Tensor::from_buffer(out, self.shape())
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor({} {} on {}",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )?;
+        if self.elem_count() <= 16 {
+            if let Ok(v) = self.to_dtype(DType::F64).and_then(|t| t.to_vec::<f64>()) {
+                write!(f, ", {v:?}")?;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_slice_checks_the_element_count() {
+        let err = Tensor::from_slice(&[1.0f32, 2.0, 3.0], &[2, 2], Device::Cpu).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "from_slice: 3 values given for 4 elements (shape [2, 2])"
+        );
+    }
+
+    #[test]
+    fn data_mut_never_writes_through_a_shared_buffer() {
+        let a = Tensor::from_slice(&[1.0f32, 2.0], &[2], Device::Cpu).unwrap();
+        let mut b = a.clone();
+        b.data_mut::<f32>().unwrap()[0] = 9.0;
+        assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+        assert_eq!(b.to_vec::<f32>().unwrap(), vec![9.0, 2.0]);
+    }
+
+    #[test]
+    fn dtype_conversion_round_trips_small_integers() {
+        let a = Tensor::from_slice(&[1u8, 200, 3], &[3], Device::Cpu).unwrap();
+        let f = a
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::I64)
+            .unwrap();
+        assert_eq!(f.to_vec::<i64>().unwrap(), vec![1, 200, 3]);
+    }
+}
