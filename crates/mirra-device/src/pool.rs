@@ -7,7 +7,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes one thread keeps cached at most (`MIRRA_POOL_BYTES`, default 256 MiB).
 fn cache_limit_bytes() -> usize {
@@ -20,13 +19,11 @@ fn cache_limit_bytes() -> usize {
     })
 }
 
-static HITS: AtomicU64 = AtomicU64::new(0);
-static MISSES: AtomicU64 = AtomicU64::new(0);
-
 #[derive(Default)]
 struct Cache {
     free: HashMap<usize, Vec<Vec<u64>>>,
     bytes: usize,
+    stats: PoolStats,
 }
 
 thread_local! {
@@ -34,7 +31,7 @@ thread_local! {
 }
 
 /// Counts of buffer requests served from the cache (`hits`) and from the allocator
-/// (`misses`), over all threads since start.
+/// (`misses`) on one thread since it started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct PoolStats {
     /// Requests served by a recycled buffer.
@@ -43,12 +40,9 @@ pub struct PoolStats {
     pub misses: u64,
 }
 
-/// The current pool counters.
+/// The calling thread's pool counters.
 pub fn pool_stats() -> PoolStats {
-    PoolStats {
-        hits: HITS.load(Ordering::Relaxed),
-        misses: MISSES.load(Ordering::Relaxed),
-    }
+    CACHE.try_with(|c| c.borrow().stats).unwrap_or_default()
 }
 
 /// A vector of exactly `words` words with unspecified (but initialised) contents.
@@ -62,21 +56,15 @@ pub(crate) fn take(words: usize) -> Vec<u64> {
             let v = c.free.get_mut(&words).and_then(Vec::pop);
             if v.is_some() {
                 c.bytes -= words * 8;
+                c.stats.hits += 1;
+            } else {
+                c.stats.misses += 1;
             }
             v
         })
         .ok()
         .flatten();
-    match recycled {
-        Some(v) => {
-            HITS.fetch_add(1, Ordering::Relaxed);
-            v
-        }
-        None => {
-            MISSES.fetch_add(1, Ordering::Relaxed);
-            vec![0u64; words]
-        }
-    }
+    recycled.unwrap_or_else(|| vec![0u64; words])
 }
 
 /// Return a vector to this thread's cache, or free it when the cache is full.
@@ -103,8 +91,10 @@ mod tests {
         let v = take(1000);
         let ptr = v.as_ptr();
         give(v);
+        let before = pool_stats();
         let w = take(1000);
         assert_eq!(w.as_ptr(), ptr);
+        assert_eq!(pool_stats().hits, before.hits + 1);
         assert_eq!(w.len(), 1000);
     }
 }
