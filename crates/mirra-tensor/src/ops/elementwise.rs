@@ -68,6 +68,8 @@ unary_ops! {
     Square square => |x| x * x;
     /// `1 / x`.
     Recip recip => |x| x.recip();
+    /// -1, 0 or 1 by the sign of `x` (0 for ±0).
+    Sign sign => |x| if x > zero() { one() } else if x < zero() { -one::<T::Acc>() } else { zero() };
 }
 
 #[inline(always)]

@@ -1,0 +1,142 @@
+//! The gradient of each operation's inputs from the gradient of its output.
+
+use mirra_tensor::{Tensor, UnaryOp};
+
+use crate::op::{Node, Op, NONE};
+use crate::Result;
+
+/// Calls `emit(input, grad)` for every input of `node` that needs a gradient.
+pub(crate) fn input_grads(
+    nodes: &[Node],
+    node: &Node,
+    g: Tensor,
+    emit: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+) -> Result<()> {
+    let [ia, ib] = node.inputs;
+    let dims = |i: usize| &nodes[i].shape[..];
+    // Emits the gradient of input `i` if it needs one, reduced to that input's shape
+    // (undoing any broadcast).
+    let mut to = |i: usize, grad: &dyn Fn() -> Result<Tensor>| -> Result<()> {
+        if i == NONE {
+            return Ok(());
+        }
+        emit(i, grad()?.sum_to(dims(i))?)
+    };
+    match &node.op {
+        Op::Leaf { .. } => {}
+        Op::Matmul { a, b } => {
+            to(ia, &|| Ok(g.matmul(&b.t()?)?))?;
+            to(ib, &|| Ok(a.t()?.matmul(&g)?))?;
+        }
+        Op::Add => {
+            to(ia, &|| Ok(g.clone()))?;
+            to(ib, &|| Ok(g.clone()))?;
+        }
+        Op::Sub => {
+            to(ia, &|| Ok(g.clone()))?;
+            to(ib, &|| Ok(g.neg()?))?;
+        }
+        Op::Mul { a, b } => {
+            to(ia, &|| Ok(g.mul(b)?))?;
+            to(ib, &|| Ok(g.mul(a)?))?;
+        }
+        Op::Div { a, b } => {
+            to(ia, &|| Ok(g.div(b)?))?;
+            to(ib, &|| Ok(g.mul(a)?.div(&b.square()?)?.neg()?))?;
+        }
+        Op::Unary { op, x, y } => to(ia, &|| unary_grad(*op, &g, x, y))?,
+        Op::Affine { mul } => to(ia, &|| Ok(g.scale(*mul)?))?,
+        Op::Powf { x, exponent } => to(ia, &|| {
+            Ok(g.mul(&x.powf(exponent - 1.0)?.scale(*exponent)?)?)
+        })?,
+        Op::Sum { axes, keepdim } => to(ia, &|| spread(&g, axes, *keepdim, dims(ia)))?,
+        Op::Mean {
+            axes,
+            keepdim,
+            count,
+        } => to(ia, &|| {
+            spread(&g.scale(1.0 / *count as f64)?, axes, *keepdim, dims(ia))
+        })?,
+        Op::Max {
+            x,
+            y,
+            axes,
+            keepdim,
+        } => to(ia, &|| {
+            let mask = x.eq_mask(y)?;
+            let ties = mask.sum(axes, true)?;
+            let g = spread(&g, axes, *keepdim, dims(ia))?;
+            Ok(g.mul(&mask)?.div(&ties)?)
+        })?,
+        Op::Softmax { y, axis } => to(ia, &|| Ok(y.softmax_backward(&g, *axis)?))?,
+        Op::LogSoftmax { y, axis } => to(ia, &|| Ok(y.log_softmax_backward(&g, *axis)?))?,
+        Op::Reshape => to(ia, &|| Ok(g.reshape(dims(ia))?))?,
+        Op::Permute { perm } => to(ia, &|| {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            Ok(g.permute(&inverse)?)
+        })?,
+        Op::Narrow { axis, start } => to(ia, &|| {
+            let full = dims(ia);
+            let len = g.dims()[*axis];
+            let pad = |n: usize| {
+                let mut d = full.to_vec();
+                d[*axis] = n;
+                Tensor::zeros(&d, g.dtype(), g.device())
+            };
+            let (before, after) = (pad(*start)?, pad(full[*axis] - start - len)?);
+            Ok(Tensor::concat(&[&before, &g, &after], *axis as isize)?)
+        })?,
+        Op::BroadcastTo => to(ia, &|| Ok(g.clone()))?,
+        Op::Concat { axis, parts } => {
+            let mut offset = 0;
+            for &(input, size) in parts {
+                if input != NONE {
+                    emit(input, g.narrow(*axis as isize, offset, size)?)?;
+                }
+                offset += size;
+            }
+        }
+        Op::Gather { axis, index } => to(ia, &|| Ok(g.scatter_add(*axis, index, dims(ia))?))?,
+        Op::MaskMul { mask } => to(ia, &|| Ok(g.mul(mask)?))?,
+    }
+    Ok(())
+}
+
+/// The gradient of a reduction's input: the output gradient with the reduced axes put
+/// back as size 1, broadcast (as a view) over the input's shape.
+fn spread(g: &Tensor, axes: &[isize], keepdim: bool, input: &[usize]) -> Result<Tensor> {
+    let mut kept = input.to_vec();
+    let r = input.len() as isize;
+    if axes.is_empty() {
+        kept.fill(1);
+    }
+    for &a in axes {
+        kept[(if a < 0 { a + r } else { a }) as usize] = 1;
+    }
+    let g = if keepdim {
+        g.clone()
+    } else {
+        g.reshape(&kept)?
+    };
+    Ok(g.broadcast_to(input)?)
+}
+
+fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    Ok(match op {
+        UnaryOp::Relu => g.relu_backward(x)?,
+        UnaryOp::Sigmoid => g.sigmoid_backward(y)?,
+        UnaryOp::Tanh => g.tanh_backward(y)?,
+        UnaryOp::Gelu => g.gelu_backward(x)?,
+        UnaryOp::Exp => g.mul(y)?,
+        UnaryOp::Log => g.div(x)?,
+        UnaryOp::Sqrt => g.div(y)?.scale(0.5)?,
+        UnaryOp::Neg => g.neg()?,
+        UnaryOp::Abs => g.mul(&x.sign()?)?,
+        UnaryOp::Square => g.mul(x)?.scale(2.0)?,
+        UnaryOp::Recip => g.mul(&y.square()?)?.neg()?,
+        UnaryOp::Sign => g.zeros_like()?,
+    })
+}

@@ -1,0 +1,99 @@
+//! What a tape node remembers of its operation: enough saved tensors to compute the
+//! gradients of its inputs, and nothing more.
+
+use mirra_tensor::{Shape, Tensor, UnaryOp};
+
+/// A recorded operation. Input shapes come from the input nodes; only what backward needs
+/// beyond them is saved here.
+#[derive(Debug)]
+pub(crate) enum Op {
+    /// A leaf: a parameter (with its key) or a constant that requires no gradient.
+    Leaf {
+        key: Option<usize>,
+    },
+    Matmul {
+        a: Tensor,
+        b: Tensor,
+    },
+    Add,
+    Sub,
+    Mul {
+        a: Tensor,
+        b: Tensor,
+    },
+    Div {
+        a: Tensor,
+        b: Tensor,
+    },
+    /// `y` is the output, kept for the ops whose derivative is cheapest from it.
+    Unary {
+        op: UnaryOp,
+        x: Tensor,
+        y: Tensor,
+    },
+    Affine {
+        mul: f64,
+    },
+    Powf {
+        x: Tensor,
+        exponent: f64,
+    },
+    Sum {
+        axes: Vec<isize>,
+        keepdim: bool,
+    },
+    Mean {
+        axes: Vec<isize>,
+        keepdim: bool,
+        count: usize,
+    },
+    Max {
+        x: Tensor,
+        y: Tensor,
+        axes: Vec<isize>,
+        keepdim: bool,
+    },
+    Softmax {
+        y: Tensor,
+        axis: isize,
+    },
+    LogSoftmax {
+        y: Tensor,
+        axis: isize,
+    },
+    Reshape,
+    Permute {
+        perm: Vec<usize>,
+    },
+    Narrow {
+        axis: usize,
+        start: usize,
+    },
+    BroadcastTo,
+    Concat {
+        axis: usize,
+        parts: Vec<(usize, usize)>,
+    },
+    Gather {
+        axis: isize,
+        index: Tensor,
+    },
+    /// Multiplication by a constant mask (dropout), already scaled.
+    MaskMul {
+        mask: Tensor,
+    },
+}
+
+/// One recorded operation with its inputs (node ids; `NONE` where absent).
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub op: Op,
+    pub inputs: [usize; 2],
+    pub shape: Shape,
+    /// The first (lowest-numbered) node that consumed this one: once backward has passed
+    /// it, this node's gradient is final.
+    pub first_use: usize,
+}
+
+/// Marks an absent input or an unused node.
+pub(crate) const NONE: usize = usize::MAX;

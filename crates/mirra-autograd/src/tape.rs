@@ -1,0 +1,267 @@
+use std::cell::RefCell;
+
+use mirra_tensor::{Shape, Tensor};
+
+use crate::backward::input_grads;
+use crate::op::{Node, Op, NONE};
+use crate::{AutogradError, Result, Var};
+
+/// A record of operations on one thread. Not `Sync`: each replica thread has its own.
+///
+/// Reuse one tape across steps with [`Tape::clear`]; it keeps its capacity, so a warmed
+/// up step records without allocating.
+#[derive(Debug, Default)]
+pub struct Tape {
+    nodes: RefCell<Vec<Node>>,
+}
+
+/// Gradients by parameter key, as returned by [`Tape::backward`].
+#[derive(Debug, Default, Clone)]
+pub struct Gradients {
+    grads: Vec<Option<Tensor>>,
+}
+
+impl Gradients {
+    /// The gradient of the parameter with `key`, if the loss depends on it.
+    pub fn get(&self, key: usize) -> Option<&Tensor> {
+        self.grads.get(key).and_then(Option::as_ref)
+    }
+
+    /// Take the gradient of `key` out.
+    pub fn take(&mut self, key: usize) -> Option<Tensor> {
+        self.grads.get_mut(key).and_then(Option::take)
+    }
+
+    /// Number of key slots (the largest key seen plus one).
+    pub fn len(&self) -> usize {
+        self.grads.len()
+    }
+
+    /// True when no gradient was computed.
+    pub fn is_empty(&self) -> bool {
+        self.grads.iter().all(Option::is_none)
+    }
+}
+
+impl Tape {
+    /// An empty tape.
+    pub fn new() -> Tape {
+        Tape::default()
+    }
+
+    /// Forget every recorded operation, keeping the capacity.
+    pub fn clear(&self) {
+        self.nodes.borrow_mut().clear();
+    }
+
+    /// Number of recorded nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.borrow().len()
+    }
+
+    /// True when nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A value that needs no gradient (inputs, labels).
+    pub fn constant(&self, value: Tensor) -> Var<'_> {
+        Var::new(self, None, value)
+    }
+
+    /// A trainable parameter; its gradient is reported under `key`.
+    pub fn param(&self, value: Tensor, key: usize) -> Var<'_> {
+        let id = self.push(Op::Leaf { key: Some(key) }, [NONE, NONE], *value.shape());
+        Var::new(self, Some(id), value)
+    }
+
+    /// Record a node and return its id.
+    pub(crate) fn push(&self, op: Op, inputs: [usize; 2], shape: Shape) -> usize {
+        let mut nodes = self.nodes.borrow_mut();
+        let id = nodes.len();
+        for &i in &inputs {
+            if i != NONE && nodes[i].first_use == NONE {
+                nodes[i].first_use = id;
+            }
+        }
+        if let Op::Concat { parts, .. } = &op {
+            for &(i, _) in parts {
+                if i != NONE && nodes[i].first_use == NONE {
+                    nodes[i].first_use = id;
+                }
+            }
+        }
+        nodes.push(Node {
+            op,
+            inputs,
+            shape,
+            first_use: NONE,
+        });
+        id
+    }
+
+    /// Gradients of the scalar `loss` with respect to every parameter it depends on.
+    pub fn backward(&self, loss: &Var<'_>) -> Result<Gradients> {
+        self.backward_with(loss, |_, _| Ok(()))
+    }
+
+    /// Like [`Tape::backward`], calling `on_ready(key, grad)` as soon as a parameter's
+    /// gradient is final, in reverse order of first use (last layer first). An error from
+    /// the callback stops backward and is returned.
+    pub fn backward_with<F>(&self, loss: &Var<'_>, mut on_ready: F) -> Result<Gradients>
+    where
+        F: FnMut(usize, &Tensor) -> std::result::Result<(), String>,
+    {
+        if !std::ptr::eq(loss.tape(), self) {
+            return Err(AutogradError::ForeignTape { op: "backward" });
+        }
+        if loss.value().elem_count() != 1 {
+            return Err(AutogradError::NonScalarLoss {
+                shape: *loss.value().shape(),
+            });
+        }
+        let seed = loss.value().full_like(1.0)?;
+        self.backward_from(loss, seed, &mut on_ready)
+    }
+
+    fn backward_from(
+        &self,
+        root: &Var<'_>,
+        seed: Tensor,
+        on_ready: &mut dyn FnMut(usize, &Tensor) -> std::result::Result<(), String>,
+    ) -> Result<Gradients> {
+        let nodes = self.nodes.borrow();
+        let mut out = Gradients::default();
+        let Some(root_id) = root.id() else {
+            return Ok(out);
+        };
+        let mut grads: Vec<Option<Tensor>> = vec![None; root_id + 1];
+        grads[root_id] = Some(seed);
+        let mut finish = |out: &mut Gradients, key: usize, g: Tensor| -> Result<()> {
+            on_ready(key, &g).map_err(|message| AutogradError::Hook { key, message })?;
+            if out.grads.len() <= key {
+                out.grads.resize(key + 1, None);
+            }
+            out.grads[key] = Some(g);
+            Ok(())
+        };
+        for id in (0..=root_id).rev() {
+            let node = &nodes[id];
+            let Some(g) = grads[id].take() else { continue };
+            if let Op::Leaf { key } = node.op {
+                // Only the root itself reaches here as a leaf: others finish below.
+                if let Some(key) = key {
+                    finish(&mut out, key, g)?;
+                }
+                continue;
+            }
+            input_grads(&nodes, node, g, &mut |input, gi| {
+                accumulate(&mut grads[input], gi)
+            })?;
+            // Parameters first used here have received every contribution: hand them out.
+            let concat_inputs = match &node.op {
+                Op::Concat { parts, .. } => &parts[..],
+                _ => &[],
+            };
+            let inputs = node
+                .inputs
+                .iter()
+                .copied()
+                .chain(concat_inputs.iter().map(|p| p.0));
+            for input in inputs.filter(|&i| i != NONE) {
+                let leaf = &nodes[input];
+                if let (Op::Leaf { key: Some(key) }, true) = (&leaf.op, leaf.first_use == id) {
+                    if let Some(g) = grads[input].take() {
+                        finish(&mut out, *key, g)?;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
+    *slot = Some(match slot.take() {
+        None => g,
+        Some(prev) => prev.add(&g)?,
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use mirra_tensor::Device;
+
+    use super::*;
+
+    fn t(v: &[f64], dims: &[usize]) -> Tensor {
+        Tensor::from_slice(v, dims, Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn gradients_of_a_dense_layer_and_its_bias() {
+        let tape = Tape::new();
+        let x = tape.constant(t(&[1., 2., 3., 4.], &[2, 2]));
+        let w = tape.param(t(&[1., 0., 0., 1.], &[2, 2]), 0);
+        let b = tape.param(t(&[0.5, -0.5], &[2]), 1);
+        let loss = x
+            .matmul(&w)
+            .unwrap()
+            .add(&b)
+            .unwrap()
+            .sum(&[], false)
+            .unwrap();
+        let grads = tape.backward(&loss).unwrap();
+        // d/dW sum(XW) = X^T 1 = column sums of X per row of W.
+        assert_eq!(
+            grads.get(0).unwrap().to_vec::<f64>().unwrap(),
+            [4., 4., 6., 6.]
+        );
+        assert_eq!(grads.get(1).unwrap().to_vec::<f64>().unwrap(), [2., 2.]);
+    }
+
+    #[test]
+    fn a_parameter_used_twice_is_reported_once_with_both_contributions() {
+        let tape = Tape::new();
+        let w = tape.param(t(&[3.0], &[1]), 7);
+        let loss = w.mul(&w).unwrap().add(&w).unwrap().sum(&[], false).unwrap();
+        let mut reported = vec![];
+        let grads = tape
+            .backward_with(&loss, |k, g| {
+                reported.push((k, g.to_vec::<f64>().unwrap()));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(reported, vec![(7, vec![7.0])]);
+        assert_eq!(grads.get(7).unwrap().to_vec::<f64>().unwrap(), [7.0]);
+    }
+
+    #[test]
+    fn later_layers_are_ready_first() {
+        let tape = Tape::new();
+        let x = tape.constant(t(&[1., 2.], &[1, 2]));
+        let w1 = tape.param(t(&[1., 1., 1., 1.], &[2, 2]), 0);
+        let w2 = tape.param(t(&[1., 1.], &[2, 1]), 1);
+        let h = x.matmul(&w1).unwrap().relu().unwrap();
+        let loss = h.matmul(&w2).unwrap().sum(&[], false).unwrap();
+        let mut order = vec![];
+        tape.backward_with(&loss, |k, _| {
+            order.push(k);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(order, [1, 0]);
+    }
+
+    #[test]
+    fn a_non_scalar_loss_is_an_error() {
+        let tape = Tape::new();
+        let w = tape.param(t(&[1., 2.], &[2]), 0);
+        let err = tape.backward(&w).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "backward: the loss must be a scalar, got shape [2]"
+        );
+    }
+}

@@ -1,0 +1,313 @@
+use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp};
+
+use crate::op::{Op, NONE};
+use crate::{AutogradError, Result, Tape};
+
+/// A tensor value on a [`Tape`]. Operations on variables compute their value at once and
+/// record themselves when an input needs a gradient.
+#[derive(Clone, Debug)]
+pub struct Var<'t> {
+    tape: &'t Tape,
+    id: Option<usize>,
+    value: Tensor,
+}
+
+impl<'t> Var<'t> {
+    pub(crate) fn new(tape: &'t Tape, id: Option<usize>, value: Tensor) -> Var<'t> {
+        Var { tape, id, value }
+    }
+
+    /// The computed value.
+    pub fn value(&self) -> &Tensor {
+        &self.value
+    }
+
+    /// The value's shape.
+    pub fn shape(&self) -> &Shape {
+        self.value.shape()
+    }
+
+    /// True when a gradient flows back through this variable.
+    pub fn requires_grad(&self) -> bool {
+        self.id.is_some()
+    }
+
+    /// The tape this variable lives on.
+    pub fn tape(&self) -> &'t Tape {
+        self.tape
+    }
+
+    pub(crate) fn id(&self) -> Option<usize> {
+        self.id
+    }
+
+    /// A result of one input: recorded only if the input needs a gradient.
+    fn from1(&self, value: Tensor, op: impl FnOnce() -> Op) -> Var<'t> {
+        let id = self
+            .id
+            .map(|a| self.tape.push(op(), [a, NONE], *value.shape()));
+        Var {
+            tape: self.tape,
+            id,
+            value,
+        }
+    }
+
+    /// A result of two inputs: recorded if either needs a gradient.
+    fn from2(&self, other: &Var<'t>, value: Tensor, op: impl FnOnce() -> Op) -> Result<Var<'t>> {
+        if !std::ptr::eq(self.tape, other.tape) {
+            return Err(AutogradError::ForeignTape { op: "binary op" });
+        }
+        let id = match (self.id, other.id) {
+            (None, None) => None,
+            (a, b) => Some(self.tape.push(
+                op(),
+                [a.unwrap_or(NONE), b.unwrap_or(NONE)],
+                *value.shape(),
+            )),
+        };
+        Ok(Var {
+            tape: self.tape,
+            id,
+            value,
+        })
+    }
+
+    /// Matrix product over the last two dimensions.
+    pub fn matmul(&self, rhs: &Var<'t>) -> Result<Var<'t>> {
+        let value = self.value.matmul(&rhs.value)?;
+        self.from2(rhs, value, || Op::Matmul {
+            a: self.value.clone(),
+            b: rhs.value.clone(),
+        })
+    }
+
+    /// `self + rhs`, broadcasting.
+    pub fn add(&self, rhs: &Var<'t>) -> Result<Var<'t>> {
+        self.from2(rhs, self.value.add(&rhs.value)?, || Op::Add)
+    }
+
+    /// `self - rhs`, broadcasting.
+    pub fn sub(&self, rhs: &Var<'t>) -> Result<Var<'t>> {
+        self.from2(rhs, self.value.sub(&rhs.value)?, || Op::Sub)
+    }
+
+    /// `self * rhs`, broadcasting.
+    pub fn mul(&self, rhs: &Var<'t>) -> Result<Var<'t>> {
+        let value = self.value.mul(&rhs.value)?;
+        self.from2(rhs, value, || Op::Mul {
+            a: self.value.clone(),
+            b: rhs.value.clone(),
+        })
+    }
+
+    /// `self / rhs`, broadcasting.
+    pub fn div(&self, rhs: &Var<'t>) -> Result<Var<'t>> {
+        let value = self.value.div(&rhs.value)?;
+        self.from2(rhs, value, || Op::Div {
+            a: self.value.clone(),
+            b: rhs.value.clone(),
+        })
+    }
+
+    /// Apply an element-wise function.
+    pub fn unary(&self, op: UnaryOp) -> Result<Var<'t>> {
+        let y = self.value.unary(op)?;
+        Ok(self.from1(y.clone(), || Op::Unary {
+            op,
+            x: self.value.clone(),
+            y,
+        }))
+    }
+
+    /// `max(x, 0)`.
+    pub fn relu(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Relu)
+    }
+
+    /// The logistic sigmoid.
+    pub fn sigmoid(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Tanh)
+    }
+
+    /// Exact GELU.
+    pub fn gelu(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Gelu)
+    }
+
+    /// `e^x`.
+    pub fn exp(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Exp)
+    }
+
+    /// Natural logarithm.
+    pub fn log(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Log)
+    }
+
+    /// Square root.
+    pub fn sqrt(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Sqrt)
+    }
+
+    /// `-x`.
+    pub fn neg(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Neg)
+    }
+
+    /// `x * x`.
+    pub fn square(&self) -> Result<Var<'t>> {
+        self.unary(UnaryOp::Square)
+    }
+
+    /// `x * mul + add`.
+    pub fn affine(&self, mul: f64, add: f64) -> Result<Var<'t>> {
+        Ok(self.from1(self.value.affine(mul, add)?, || Op::Affine { mul }))
+    }
+
+    /// `x * factor`.
+    pub fn scale(&self, factor: f64) -> Result<Var<'t>> {
+        self.affine(factor, 0.0)
+    }
+
+    /// `x ^ exponent`.
+    pub fn powf(&self, exponent: f64) -> Result<Var<'t>> {
+        let value = self.value.powf(exponent)?;
+        Ok(self.from1(value, || Op::Powf {
+            x: self.value.clone(),
+            exponent,
+        }))
+    }
+
+    /// Sum over `axes` (empty: all).
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Var<'t>> {
+        let value = self.value.sum(axes, keepdim)?;
+        Ok(self.from1(value, || Op::Sum {
+            axes: axes.to_vec(),
+            keepdim,
+        }))
+    }
+
+    /// Mean over `axes` (empty: all).
+    pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Var<'t>> {
+        let value = self.value.mean(axes, keepdim)?;
+        let count = self.value.elem_count() / value.elem_count().max(1);
+        Ok(self.from1(value, || Op::Mean {
+            axes: axes.to_vec(),
+            keepdim,
+            count,
+        }))
+    }
+
+    /// Maximum over `axes` (empty: all). The gradient is shared equally among ties.
+    pub fn max(&self, axes: &[isize], keepdim: bool) -> Result<Var<'t>> {
+        let y = self.value.max(axes, keepdim)?;
+        let y_keep = if keepdim {
+            y.clone()
+        } else {
+            self.value.max(axes, true)?
+        };
+        Ok(self.from1(y, || Op::Max {
+            x: self.value.clone(),
+            y: y_keep,
+            axes: axes.to_vec(),
+            keepdim,
+        }))
+    }
+
+    /// Softmax along `axis`.
+    pub fn softmax(&self, axis: isize) -> Result<Var<'t>> {
+        let y = self.value.softmax(axis)?;
+        Ok(self.from1(y.clone(), || Op::Softmax { y, axis }))
+    }
+
+    /// Log-softmax along `axis`.
+    pub fn log_softmax(&self, axis: isize) -> Result<Var<'t>> {
+        let y = self.value.log_softmax(axis)?;
+        Ok(self.from1(y.clone(), || Op::LogSoftmax { y, axis }))
+    }
+
+    /// The same elements with another shape.
+    pub fn reshape(&self, dims: &[usize]) -> Result<Var<'t>> {
+        Ok(self.from1(self.value.reshape(dims)?, || Op::Reshape))
+    }
+
+    /// Swap two dimensions.
+    pub fn transpose(&self, a: isize, b: isize) -> Result<Var<'t>> {
+        let (ra, rb) = (
+            self.shape().axis("transpose", a)?,
+            self.shape().axis("transpose", b)?,
+        );
+        let mut perm: Vec<usize> = (0..self.shape().rank()).collect();
+        perm.swap(ra, rb);
+        self.permute(&perm)
+    }
+
+    /// Reorder dimensions.
+    pub fn permute(&self, perm: &[usize]) -> Result<Var<'t>> {
+        let value = self.value.permute(perm)?;
+        Ok(self.from1(value, || Op::Permute {
+            perm: perm.to_vec(),
+        }))
+    }
+
+    /// `len` entries of `axis` from `start`.
+    pub fn narrow(&self, axis: isize, start: usize, len: usize) -> Result<Var<'t>> {
+        let value = self.value.narrow(axis, start, len)?;
+        let axis = self.shape().axis("narrow", axis)?;
+        Ok(self.from1(value, || Op::Narrow { axis, start }))
+    }
+
+    /// Broadcast to `dims`.
+    pub fn broadcast_to(&self, dims: &[usize]) -> Result<Var<'t>> {
+        Ok(self.from1(self.value.broadcast_to(dims)?, || Op::BroadcastTo))
+    }
+
+    /// Values at `index` along `axis` (PyTorch's `gather`).
+    pub fn gather(&self, axis: isize, index: &Tensor) -> Result<Var<'t>> {
+        let value = self.value.gather(axis, index)?;
+        Ok(self.from1(value, || Op::Gather {
+            axis,
+            index: index.clone(),
+        }))
+    }
+
+    /// Multiply by a constant tensor (a dropout mask), broadcasting.
+    pub fn mask_mul(&self, mask: &Tensor) -> Result<Var<'t>> {
+        let value = self.value.binary(BinaryOp::Mul, mask)?;
+        Ok(self.from1(value, || Op::MaskMul { mask: mask.clone() }))
+    }
+
+    /// Join variables along `axis`.
+    pub fn concat(vars: &[&Var<'t>], axis: isize) -> Result<Var<'t>> {
+        let first = vars.first().ok_or_else(|| {
+            AutogradError::Tensor(mirra_tensor::TensorError::Invalid {
+                op: "concat",
+                msg: "no variables given".into(),
+                shape: Shape::scalar(),
+            })
+        })?;
+        let tape = first.tape;
+        if vars.iter().any(|v| !std::ptr::eq(v.tape, tape)) {
+            return Err(AutogradError::ForeignTape { op: "concat" });
+        }
+        let values: Vec<&Tensor> = vars.iter().map(|v| &v.value).collect();
+        let value = Tensor::concat(&values, axis)?;
+        let ax = first.shape().axis("concat", axis)?;
+        let id = if vars.iter().any(|v| v.id.is_some()) {
+            let parts = vars
+                .iter()
+                .map(|v| (v.id.unwrap_or(NONE), v.shape()[ax]))
+                .collect();
+            Some(tape.push(Op::Concat { axis: ax, parts }, [NONE, NONE], *value.shape()))
+        } else {
+            None
+        };
+        Ok(Var { tape, id, value })
+    }
+}
