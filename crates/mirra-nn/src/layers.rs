@@ -1,0 +1,174 @@
+//! The layers: Dense, Flatten, Dropout.
+
+use mirra_autograd::Var;
+use mirra_tensor::init::{bernoulli, Initializer};
+
+use crate::{Activation, ForwardCtx, Layer, NnError, ParamSpec, Result};
+
+/// A fully connected layer, `activation(x · kernel + bias)`, as Keras's `Dense`: a
+/// Glorot-uniform kernel of shape `[in, units]` and a zero bias.
+#[derive(Clone, Debug)]
+pub struct Dense {
+    units: usize,
+    activation: Activation,
+    use_bias: bool,
+    kernel_init: Initializer,
+    bias_init: Initializer,
+}
+
+impl Dense {
+    /// A dense layer of `units` outputs with the given activation.
+    pub fn new(units: usize, activation: Activation) -> Dense {
+        Dense {
+            units,
+            activation,
+            use_bias: true,
+            kernel_init: Initializer::GlorotUniform,
+            bias_init: Initializer::Zeros,
+        }
+    }
+
+    /// Without a bias.
+    pub fn without_bias(mut self) -> Dense {
+        self.use_bias = false;
+        self
+    }
+
+    /// With another kernel initialiser.
+    pub fn kernel_initializer(mut self, init: Initializer) -> Dense {
+        self.kernel_init = init;
+        self
+    }
+
+    /// With another bias initialiser.
+    pub fn bias_initializer(mut self, init: Initializer) -> Dense {
+        self.bias_init = init;
+        self
+    }
+
+    /// The activation.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    fn affine<'t>(&self, x: &Var<'t>, params: &[Var<'t>]) -> Result<Var<'t>> {
+        let z = x.matmul(&params[0])?;
+        Ok(if self.use_bias { z.add(&params[1])? } else { z })
+    }
+}
+
+impl Layer for Dense {
+    fn kind(&self) -> &'static str {
+        "dense"
+    }
+
+    fn build(&mut self, input: &[usize]) -> Result<(Vec<ParamSpec>, Vec<usize>)> {
+        if self.units == 0 {
+            return Err(NnError::Config {
+                layer: "dense".into(),
+                msg: "units must be positive".into(),
+            });
+        }
+        let Some((&last, rest)) = input.split_last() else {
+            return Err(NnError::Config {
+                layer: "dense".into(),
+                msg: "needs inputs with at least one dimension besides the batch".into(),
+            });
+        };
+        let mut specs = vec![ParamSpec {
+            name: "kernel",
+            dims: vec![last, self.units],
+            init: self.kernel_init,
+        }];
+        if self.use_bias {
+            specs.push(ParamSpec {
+                name: "bias",
+                dims: vec![self.units],
+                init: self.bias_init,
+            });
+        }
+        let mut out = rest.to_vec();
+        out.push(self.units);
+        Ok((specs, out))
+    }
+
+    fn forward<'t>(
+        &self,
+        x: &Var<'t>,
+        params: &[Var<'t>],
+        _: &mut ForwardCtx<'_>,
+    ) -> Result<Var<'t>> {
+        self.activation.apply(&self.affine(x, params)?)
+    }
+
+    fn forward_logits<'t>(
+        &self,
+        x: &Var<'t>,
+        params: &[Var<'t>],
+        _: &mut ForwardCtx<'_>,
+    ) -> Result<Option<Var<'t>>> {
+        match self.activation {
+            Activation::Softmax => Ok(Some(self.affine(x, params)?)),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Flattens everything but the batch dimension, as Keras's `Flatten`.
+#[derive(Clone, Debug, Default)]
+pub struct Flatten;
+
+impl Layer for Flatten {
+    fn kind(&self) -> &'static str {
+        "flatten"
+    }
+
+    fn build(&mut self, input: &[usize]) -> Result<(Vec<ParamSpec>, Vec<usize>)> {
+        Ok((vec![], vec![input.iter().product()]))
+    }
+
+    fn forward<'t>(&self, x: &Var<'t>, _: &[Var<'t>], _: &mut ForwardCtx<'_>) -> Result<Var<'t>> {
+        let batch = x.shape().first().copied().unwrap_or(1);
+        Ok(x.reshape(&[batch, usize::MAX])?)
+    }
+}
+
+/// Inverted dropout, as Keras's `Dropout`: while training, zeroes each element with
+/// probability `rate` and scales the rest by `1 / (1 - rate)`; the identity otherwise.
+#[derive(Clone, Debug)]
+pub struct Dropout {
+    rate: f64,
+}
+
+impl Dropout {
+    /// Dropout with the given rate in `[0, 1)`.
+    pub fn new(rate: f64) -> Dropout {
+        Dropout { rate }
+    }
+}
+
+impl Layer for Dropout {
+    fn kind(&self) -> &'static str {
+        "dropout"
+    }
+
+    fn build(&mut self, input: &[usize]) -> Result<(Vec<ParamSpec>, Vec<usize>)> {
+        if !(0.0..1.0).contains(&self.rate) {
+            return Err(NnError::Config {
+                layer: "dropout".into(),
+                msg: format!("rate {} outside [0, 1)", self.rate),
+            });
+        }
+        Ok((vec![], input.to_vec()))
+    }
+
+    fn forward<'t>(&self, x: &Var<'t>, _: &[Var<'t>], ctx: &mut ForwardCtx<'_>) -> Result<Var<'t>> {
+        if !ctx.training || self.rate == 0.0 {
+            return Ok(x.clone());
+        }
+        let keep = 1.0 - self.rate;
+        let v = x.value();
+        let mask = bernoulli(v.dims(), keep, v.dtype(), v.device(), ctx.rng)?.scale(1.0 / keep)?;
+        Ok(x.mask_mul(&mask)?)
+    }
+}

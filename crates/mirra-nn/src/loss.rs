@@ -1,0 +1,157 @@
+//! Losses, as Keras defines them. Each computes per-example losses; its [`Reduction`]
+//! turns them into the scalar that is differentiated.
+
+use std::fmt;
+
+use mirra_autograd::Var;
+use mirra_tensor::Tensor;
+
+use crate::{ModelOutput, NnError, Result};
+
+/// How per-example losses become one scalar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// The mean over the batch (Keras's default `sum_over_batch_size`).
+    #[default]
+    SumOverBatchSize,
+    /// The sum over the batch. A distributed step divides it by the global batch size
+    /// itself, so that every replica's share adds up to the single-device mean.
+    Sum,
+}
+
+/// Keras clips probabilities to `[EPSILON, 1 - EPSILON]` before taking logarithms.
+const EPSILON: f64 = 1e-7;
+
+/// A loss function.
+pub trait Loss: Send + Sync + fmt::Debug {
+    /// Keras's name (`sparse_categorical_crossentropy`, ...).
+    fn name(&self) -> &'static str;
+
+    /// The loss of each example, shape `[batch]`.
+    fn per_example<'t>(&self, out: &ModelOutput<'t>, y_true: &Tensor) -> Result<Var<'t>>;
+
+    /// The scalar loss under `reduction`.
+    fn compute<'t>(
+        &self,
+        out: &ModelOutput<'t>,
+        y_true: &Tensor,
+        reduction: Reduction,
+    ) -> Result<Var<'t>> {
+        let per = self.per_example(out, y_true)?;
+        Ok(match reduction {
+            Reduction::SumOverBatchSize => per.mean(&[], false)?,
+            Reduction::Sum => per.sum(&[], false)?,
+        })
+    }
+}
+
+fn batch_check(what: &'static str, out: &Var<'_>, y_true: &Tensor) -> Result<()> {
+    let batch = out.shape().first().copied();
+    if y_true.dims().first().copied() != batch {
+        return Err(NnError::InputMismatch {
+            what,
+            expected: format!("labels for a batch of {}", batch.unwrap_or(0)),
+            got: format!("labels of shape {}", y_true.shape()),
+        });
+    }
+    Ok(())
+}
+
+/// Log-probabilities over the last axis: from the logits when the model (or the flag)
+/// provides them, else from clipped probabilities.
+fn log_probs<'t>(out: &ModelOutput<'t>, from_logits: bool) -> Result<Var<'t>> {
+    if from_logits {
+        return Ok(out.output.log_softmax(-1)?);
+    }
+    if let Some(logits) = &out.logits {
+        return Ok(logits.log_softmax(-1)?);
+    }
+    let p = &out.output;
+    let lo = p.tape().constant(p.value().full_like(EPSILON)?);
+    let hi = p.tape().constant(p.value().full_like(1.0 - EPSILON)?);
+    // clip(p) = min(max(p, lo), hi), differentiable where p is inside the range.
+    let clipped = clip(p, &lo, &hi)?;
+    Ok(clipped.log()?)
+}
+
+fn clip<'t>(p: &Var<'t>, lo: &Var<'t>, hi: &Var<'t>) -> Result<Var<'t>> {
+    // max(p, lo) = p + relu(lo - p) and min(q, hi) = q - relu(q - hi).
+    let q = p.add(&lo.sub(p)?.relu()?)?;
+    Ok(q.sub(&q.sub(hi)?.relu()?)?)
+}
+
+/// Cross-entropy for integer class labels (`[batch]`, any integer dtype).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SparseCategoricalCrossentropy {
+    /// True when the model's output is logits rather than probabilities.
+    pub from_logits: bool,
+}
+
+impl Loss for SparseCategoricalCrossentropy {
+    fn name(&self) -> &'static str {
+        "sparse_categorical_crossentropy"
+    }
+
+    fn per_example<'t>(&self, out: &ModelOutput<'t>, y_true: &Tensor) -> Result<Var<'t>> {
+        batch_check(self.name(), &out.output, y_true)?;
+        if y_true.dtype().is_float() || y_true.rank() != 1 {
+            return Err(NnError::InputMismatch {
+                what: "sparse_categorical_crossentropy labels",
+                expected: "integer class ids of shape [batch]".into(),
+                got: format!("{} of shape {}", y_true.dtype(), y_true.shape()),
+            });
+        }
+        let logp = log_probs(out, self.from_logits)?;
+        let batch = y_true.dims()[0];
+        let index = y_true.reshape(&[batch, 1])?;
+        Ok(logp.gather(-1, &index)?.reshape(&[batch])?.neg()?)
+    }
+}
+
+/// Cross-entropy for one-hot (or soft) label distributions `[batch, classes]`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CategoricalCrossentropy {
+    /// True when the model's output is logits rather than probabilities.
+    pub from_logits: bool,
+}
+
+impl Loss for CategoricalCrossentropy {
+    fn name(&self) -> &'static str {
+        "categorical_crossentropy"
+    }
+
+    fn per_example<'t>(&self, out: &ModelOutput<'t>, y_true: &Tensor) -> Result<Var<'t>> {
+        batch_check(self.name(), &out.output, y_true)?;
+        if y_true.shape() != out.output.shape() {
+            return Err(NnError::InputMismatch {
+                what: "categorical_crossentropy labels",
+                expected: format!("shape {}", out.output.shape()),
+                got: format!("shape {}", y_true.shape()),
+            });
+        }
+        let logp = log_probs(out, self.from_logits)?;
+        let y = logp.tape().constant(y_true.to_dtype(logp.value().dtype())?);
+        Ok(logp.mul(&y)?.sum(&[-1], false)?.neg()?)
+    }
+}
+
+/// Mean squared error over the last axis.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MeanSquaredError;
+
+impl Loss for MeanSquaredError {
+    fn name(&self) -> &'static str {
+        "mean_squared_error"
+    }
+
+    fn per_example<'t>(&self, out: &ModelOutput<'t>, y_true: &Tensor) -> Result<Var<'t>> {
+        batch_check(self.name(), &out.output, y_true)?;
+        let p = &out.output;
+        let y = p.tape().constant(y_true.to_dtype(p.value().dtype())?);
+        let d = p.sub(&y)?.square()?;
+        if d.shape().rank() <= 1 {
+            return Ok(d);
+        }
+        Ok(d.mean(&[-1], false)?)
+    }
+}
