@@ -151,6 +151,11 @@ impl Sequential {
         self.run(tape, x, training, rng, true)
     }
 
+    /// Run the model for inference (no dropout, no parameters tracked for gradients).
+    pub fn forward_inference<'t>(&self, tape: &'t Tape, x: Tensor) -> Result<ModelOutput<'t>> {
+        self.run(tape, x, false, &mut rng(0), false)
+    }
+
     /// The model's output for a batch (inference: nothing is kept for gradients).
     pub fn predict(&self, x: Tensor) -> Result<Tensor> {
         let tape = Tape::new();

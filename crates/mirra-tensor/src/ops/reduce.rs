@@ -139,6 +139,9 @@ impl Tensor {
     }
 }
 
+/// How a reduction folds one more element into its accumulator.
+type Combine<A> = fn(A, A) -> A;
+
 /// Reduces the masked axes, keeping them as size-1 dimensions.
 fn reduce_kernel<T: FloatElement>(
     x: &Tensor,
@@ -158,7 +161,7 @@ fn reduce_kernel<T: FloatElement>(
             out_strides[d] = 0;
         }
     }
-    let (init, f): (T::Acc, fn(T::Acc, T::Acc) -> T::Acc) = match kind {
+    let (init, f): (T::Acc, Combine<T::Acc>) = match kind {
         Reduce::Sum => (<T::Acc as num_traits::Zero>::zero(), |a, b| a + b),
         Reduce::Max => (T::Acc::neg_infinity(), |a, b| a.max(b)),
     };

@@ -24,7 +24,7 @@ impl Tensor {
         }
         if let [i] = free[..] {
             let known: usize = dims.iter().filter(|&&d| d != usize::MAX).product();
-            if known == 0 || self.elem_count() % known != 0 {
+            if known == 0 || !self.elem_count().is_multiple_of(known) {
                 return Err(invalid(format!("cannot infer a dimension for {target:?}")));
             }
             dims_v[i] = self.elem_count() / known;

@@ -1,0 +1,28 @@
+//! The input pipeline: reading data sets from disk and feeding them to training in
+//! shuffled batches.
+//!
+//! * [`read_idx`] reads IDX files (the MNIST format), raw or gzipped, into a [`Tensor`].
+//! * [`Mnist`] loads MNIST from a directory: the bundled test set split 8,000 / 2,000,
+//!   or the full 60,000 / 10,000 when all four files are there.
+//! * [`Dataset`] is a small `tf.data`: slices of tensors, shuffled, batched, mapped,
+//!   cached, repeated, taken and prefetched on a background thread. The common pipeline
+//!   (slices, shuffle, batch) works on row indices and gathers each batch in one pass, so
+//!   batching is never the bottleneck of a training step.
+//!
+//! Every failure is a [`DataError`] that names the file or the operation and says what
+//! is wrong; no bad input makes this crate panic.
+//!
+//! [`Tensor`]: mirra_tensor::Tensor
+
+mod dataset;
+mod error;
+mod idx;
+mod mnist;
+
+pub use dataset::{Dataset, DatasetIter};
+pub use error::DataError;
+pub use idx::read_idx;
+pub use mnist::{bundled_dir, Mnist, MnistSource, Split};
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, DataError>;
