@@ -1,0 +1,42 @@
+use std::path::PathBuf;
+
+/// Errors of training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A model, loss or metric failed.
+    #[error(transparent)]
+    Nn(#[from] mirra_nn::NnError),
+    /// The optimizer failed.
+    #[error(transparent)]
+    Optim(#[from] mirra_optim::OptimError),
+    /// The input pipeline failed.
+    #[error(transparent)]
+    Data(#[from] mirra_data::DataError),
+    /// Differentiation failed.
+    #[error(transparent)]
+    Autograd(#[from] mirra_autograd::AutogradError),
+    /// A tensor operation failed.
+    #[error(transparent)]
+    Tensor(#[from] mirra_tensor::TensorError),
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// An argument out of its range.
+    #[error("{0}")]
+    Invalid(String),
+    /// The loss became NaN or infinite.
+    #[error("loss is {value} at epoch {epoch}, step {step}: training diverged")]
+    NonFiniteLoss {
+        /// The value.
+        value: f64,
+        /// 1-based epoch.
+        epoch: usize,
+        /// 0-based step in the epoch.
+        step: usize,
+    },
+}

@@ -1,0 +1,287 @@
+//! A compiled model: network, optimizer, loss and metrics, with Keras's `fit`,
+//! `evaluate` and `predict`.
+
+use std::time::Instant;
+
+use mirra_autograd::Tape;
+use mirra_data::Dataset;
+use mirra_nn::{Loss, Mean, Metric, Reduction, Sequential};
+use mirra_optim::Optimizer;
+use mirra_tensor::init::{rng, Rng};
+use mirra_tensor::{DType, Tensor};
+
+use crate::callbacks::{Callback, Control, TrainInfo};
+use crate::{History, Logs, Result, TrainError};
+
+/// How `fit` runs.
+#[derive(Clone, Debug)]
+pub struct FitConfig {
+    /// The epoch to stop after (1-based count, as Keras's `epochs`).
+    pub epochs: usize,
+    /// The epoch to start from (0-based; for resumed runs).
+    pub initial_epoch: usize,
+}
+
+impl Default for FitConfig {
+    fn default() -> Self {
+        FitConfig {
+            epochs: 1,
+            initial_epoch: 0,
+        }
+    }
+}
+
+/// A network with its optimizer, loss and metrics (Keras's compiled `Model`).
+pub struct Model {
+    net: Sequential,
+    optimizer: Box<dyn Optimizer>,
+    loss: Box<dyn Loss>,
+    metrics: Vec<Box<dyn Metric>>,
+    tape: Tape,
+    rng: Rng,
+    grads: Vec<Tensor>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("net", &self.net)
+            .field("optimizer", &self.optimizer.name())
+            .field("loss", &self.loss.name())
+            .finish()
+    }
+}
+
+/// What one training step produced.
+#[derive(Debug)]
+pub struct StepOutput {
+    /// The batch's mean loss.
+    pub loss: f64,
+    /// The model's output for the batch (for metrics).
+    pub output: Tensor,
+}
+
+impl Model {
+    /// Compile a built network with an optimizer, a loss and metrics. `seed` drives
+    /// training-time randomness (dropout).
+    pub fn compile(
+        net: Sequential,
+        optimizer: Box<dyn Optimizer>,
+        loss: Box<dyn Loss>,
+        metrics: Vec<Box<dyn Metric>>,
+        seed: u64,
+    ) -> Model {
+        Model {
+            net,
+            optimizer,
+            loss,
+            metrics,
+            tape: Tape::new(),
+            rng: rng(seed),
+            grads: vec![],
+        }
+    }
+
+    /// The network.
+    pub fn net(&self) -> &Sequential {
+        &self.net
+    }
+
+    /// The network, mutably (to load weights).
+    pub fn net_mut(&mut self) -> &mut Sequential {
+        &mut self.net
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &dyn Optimizer {
+        self.optimizer.as_ref()
+    }
+
+    /// The optimizer, mutably (to change its learning rate).
+    pub fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
+        self.optimizer.as_mut()
+    }
+
+    /// One step of gradient descent on a batch: forward, backward, update.
+    pub fn train_step(&mut self, x: Tensor, y: &Tensor) -> Result<StepOutput> {
+        let (loss, output) = {
+            let out = self.net.forward(&self.tape, x, true, &mut self.rng)?;
+            let loss = self.loss.compute(&out, y, Reduction::SumOverBatchSize)?;
+            let mut grads = self.tape.backward(&loss)?;
+            self.grads.clear();
+            for (i, p) in self.net.params().iter().enumerate() {
+                // A parameter the loss does not reach gets a zero gradient, as in Keras.
+                let g = match grads.take(i) {
+                    Some(g) => g.contiguous()?,
+                    None => p.zeros_like()?,
+                };
+                self.grads.push(g);
+            }
+            (scalar(loss.value())?, out.output.value().clone())
+        };
+        // The tape holds references to the parameters; release them so the optimizer
+        // updates the buffers in place instead of copying them.
+        self.tape.clear();
+        self.optimizer.step(self.net.params_mut(), &self.grads)?;
+        Ok(StepOutput { loss, output })
+    }
+
+    /// Train for `config.epochs` epochs on `train`, validating on `validation` after each
+    /// epoch, and return the History (`loss`, metrics, `val_` versions, `samples_per_sec`).
+    pub fn fit(
+        &mut self,
+        train: &Dataset,
+        validation: Option<&Dataset>,
+        config: &FitConfig,
+        callbacks: &mut [Box<dyn Callback>],
+    ) -> Result<History> {
+        if config.epochs == 0 {
+            return Err(TrainError::Invalid("epochs must be at least 1".into()));
+        }
+        let info = TrainInfo {
+            epochs: config.epochs,
+            initial_epoch: config.initial_epoch,
+            steps_per_epoch: train.cardinality(),
+        };
+        for cb in callbacks.iter_mut() {
+            cb.on_train_begin(&info)?;
+        }
+        let mut history = History::default();
+        let mut last = Logs::new();
+        for epoch in config.initial_epoch..config.epochs {
+            for cb in callbacks.iter_mut() {
+                cb.on_epoch_begin(epoch)?;
+            }
+            let mut logs = self.train_epoch(train, epoch, callbacks)?;
+            if let Some(val) = validation {
+                for (name, value) in self.evaluate(val)?.iter() {
+                    logs.set(&format!("val_{name}"), value);
+                }
+            }
+            // Keep the rate last, as the epoch line prints it at the end.
+            if let Some(rate) = logs.get("samples_per_sec") {
+                logs.remove("samples_per_sec");
+                logs.set("samples_per_sec", rate);
+            }
+            history.push(epoch, &logs);
+            let mut stop = false;
+            for cb in callbacks.iter_mut() {
+                stop |= cb.on_epoch_end(epoch, &logs)? == Control::Stop;
+            }
+            last = logs;
+            if stop {
+                break;
+            }
+        }
+        for cb in callbacks.iter_mut() {
+            cb.on_train_end(&last)?;
+        }
+        Ok(history)
+    }
+
+    fn train_epoch(
+        &mut self,
+        train: &Dataset,
+        epoch: usize,
+        callbacks: &mut [Box<dyn Callback>],
+    ) -> Result<Logs> {
+        let mut loss_mean = Mean::new("loss");
+        for m in &mut self.metrics {
+            m.reset();
+        }
+        let mut samples = 0usize;
+        let start = Instant::now();
+        let mut logs = Logs::new();
+        for (step, batch) in train.iter_epoch(epoch as u64)?.enumerate() {
+            let (x, y) = split_batch(batch?)?;
+            let n = x.dims().first().copied().unwrap_or(0);
+            let out = self.train_step(x, &y)?;
+            if !out.loss.is_finite() {
+                return Err(TrainError::NonFiniteLoss {
+                    value: out.loss,
+                    epoch: epoch + 1,
+                    step,
+                });
+            }
+            loss_mean.add(out.loss, n as f64);
+            for m in &mut self.metrics {
+                m.update(&y, &out.output)?;
+            }
+            samples += n;
+            logs.set("loss", loss_mean.value());
+            for m in &self.metrics {
+                logs.set(m.name(), m.result());
+            }
+            for cb in callbacks.iter_mut() {
+                cb.on_train_batch_end(step, &logs)?;
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        logs.set(
+            "samples_per_sec",
+            if secs > 0.0 {
+                samples as f64 / secs
+            } else {
+                0.0
+            },
+        );
+        Ok(logs)
+    }
+
+    /// The loss and metrics over a dataset (no updates).
+    pub fn evaluate(&mut self, data: &Dataset) -> Result<Logs> {
+        let mut loss_mean = Mean::new("loss");
+        for m in &mut self.metrics {
+            m.reset();
+        }
+        let tape = Tape::new();
+        for batch in data.iter_epoch(0)? {
+            let (x, y) = split_batch(batch?)?;
+            let n = x.dims().first().copied().unwrap_or(0);
+            let out = self.net.forward_inference(&tape, x)?;
+            let loss = self.loss.compute(&out, &y, Reduction::SumOverBatchSize)?;
+            loss_mean.add(scalar(loss.value())?, n as f64);
+            for m in &mut self.metrics {
+                m.update(&y, out.output.value())?;
+            }
+            drop(out);
+            tape.clear();
+        }
+        let mut logs = Logs::new();
+        logs.set("loss", loss_mean.value());
+        for m in &self.metrics {
+            logs.set(m.name(), m.result());
+        }
+        Ok(logs)
+    }
+
+    /// The model's outputs for every batch of a dataset, concatenated along the batch.
+    pub fn predict(&self, data: &Dataset) -> Result<Tensor> {
+        let mut outs = vec![];
+        for batch in data.iter_epoch(0)? {
+            let batch = batch?;
+            let x = batch.into_iter().next().ok_or_else(|| {
+                TrainError::Invalid("predict: dataset elements hold no tensor".into())
+            })?;
+            outs.push(self.net.predict(x)?);
+        }
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        Ok(Tensor::concat(&refs, 0)?)
+    }
+}
+
+fn scalar(t: &Tensor) -> Result<f64> {
+    Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+}
+
+/// `(inputs, labels)` of a dataset element.
+fn split_batch(batch: Vec<Tensor>) -> Result<(Tensor, Tensor)> {
+    let n = batch.len();
+    let mut it = batch.into_iter();
+    match (it.next(), it.next()) {
+        (Some(x), Some(y)) => Ok((x, y)),
+        _ => Err(TrainError::Invalid(format!(
+            "training data must yield (inputs, labels); got elements of {n} tensor(s)"
+        ))),
+    }
+}

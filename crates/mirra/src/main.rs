@@ -1,0 +1,112 @@
+//! The `mirra` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod train_cmd;
+
+/// Data-parallel training for Rust.
+#[derive(Debug, Parser)]
+#[command(name = "mirra", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train a model on MNIST (the bundled data unless --data is given).
+    Train(TrainArgs),
+}
+
+/// Flags of `mirra train`.
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// The model to train.
+    #[arg(long, default_value = "mlp")]
+    pub model: String,
+    /// Number of epochs.
+    #[arg(long, default_value_t = 5, value_parser = positive)]
+    pub epochs: usize,
+    /// The (global) batch size.
+    #[arg(long, default_value_t = 64, value_parser = positive)]
+    pub batch_size: usize,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = 1e-3, value_parser = positive_f64)]
+    pub lr: f64,
+    /// A directory with the four standard MNIST files (train and t10k); by default the
+    /// bundled t10k set, split 8,000 for training and 2,000 for validation.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Seed of weights, shuffling and dropout.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write the History (one list per metric) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub history: Option<PathBuf>,
+    /// Threads for the kernels (default: all cores).
+    #[arg(long, value_parser = positive)]
+    pub threads: Option<usize>,
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+        Ok(_) => Err("must be a positive number".into()),
+        Err(_) => Err(format!("'{s}' is not a number")),
+    }
+}
+
+/// How a command failed: a usage error (exit 2) or a failure while running (exit 1).
+#[derive(Debug)]
+pub enum Failure {
+    /// The arguments or the inputs they name are wrong.
+    Usage(String),
+    /// Something went wrong while running.
+    Run(String),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line: clap's first line names the flag and what is wrong with it.
+            let text = e.render().to_string();
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("error: bad arguments");
+            eprintln!("{line}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command {
+        Command::Train(args) => train_cmd::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Run(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}

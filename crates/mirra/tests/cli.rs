@@ -1,0 +1,79 @@
+//! End-to-end tests through the `mirra` binary.
+
+use std::process::{Command, Output};
+
+fn mirra(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mirra"))
+        .args(args)
+        .output()
+        .expect("mirra runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn one_epoch_on_the_bundled_data_reaches_90_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history.json");
+    let out = mirra(&[
+        "train",
+        "--epochs",
+        "1",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Epoch 1/1 - "), "{stdout}");
+    assert!(stdout.contains(" samples/s"), "{stdout}");
+    let h: serde_json::Value = serde_json::from_slice(&std::fs::read(&history).unwrap()).unwrap();
+    for key in [
+        "loss",
+        "accuracy",
+        "val_loss",
+        "val_accuracy",
+        "samples_per_sec",
+    ] {
+        assert_eq!(h[key].as_array().map(Vec::len), Some(1), "{key} in {h}");
+    }
+    let val = h["val_accuracy"][0].as_f64().unwrap();
+    assert!(val > 0.90, "validation accuracy {val}");
+}
+
+/// Each bad argument gets exactly one error line naming it, and exit status 2.
+#[test]
+fn bad_arguments_get_one_clear_line_and_exit_2() {
+    let missing = std::env::temp_dir().join("mirra-no-such-dir");
+    let cases: [(&[&str], &str); 5] = [
+        (&["train", "--batch-size", "0"], "--batch-size"),
+        (&["train", "--epochs", "0"], "--epochs"),
+        (&["train", "--model", "resnet"], "unknown model 'resnet'"),
+        (
+            &["train", "--data", missing.to_str().unwrap()],
+            "mirra-no-such-dir",
+        ),
+        (&["train", "--bogus"], "--bogus"),
+    ];
+    for (args, needle) in cases {
+        let out = mirra(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_directory_without_mnist_files_names_what_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = mirra(&["train", "--data", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("t10k-images"), "{err}");
+}
