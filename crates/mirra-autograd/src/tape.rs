@@ -149,7 +149,8 @@ impl Tape {
             let node = &nodes[id];
             let Some(g) = grads[id].take() else { continue };
             if let Op::Leaf { key } = node.op {
-                // Only the root itself reaches here as a leaf: others finish below.
+                // The root, or a parameter whose first consumer got no gradient (a branch the
+                // loss does not depend on): its other contributions are all in by now.
                 if let Some(key) = key {
                     finish(&mut out, key, g)?;
                 }

@@ -124,6 +124,25 @@ macro_rules! float_element {
 float_element!(f32, F32, f32, |x| x, |x| x, |x: f32| x as f64, |v: f64| v
     as f32);
 float_element!(f64, F64, f64, |x| x, |x| x, |x| x, |v| v);
+/// `v` rounded to f32 "to odd": an inexact result gets an odd last bit. Rounding that to a
+/// type of at most 22 significant bits then equals rounding `v` directly (Boldo and
+/// Melquiond, 2008). `half`'s own f64 conversions drop the low bits first and can round a
+/// value just above a tie down.
+fn f64_to_f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f64::from(f) == v || f.to_bits() & 1 == 1 {
+        return f;
+    }
+    // f is even and inexact: take its odd neighbour on v's side (the sign bit is the top
+    // bit, so adding 1 to the bits grows the magnitude).
+    let bits = f.to_bits();
+    f32::from_bits(if f64::from(f).abs() < v.abs() {
+        bits + 1
+    } else {
+        bits - 1
+    })
+}
+
 float_element!(
     f16,
     F16,
@@ -131,7 +150,7 @@ float_element!(
     f16::to_f32,
     f16::from_f32,
     f16::to_f64,
-    f16::from_f64
+    |v| f16::from_f32(f64_to_f32_round_to_odd(v))
 );
 float_element!(
     bf16,
@@ -140,7 +159,7 @@ float_element!(
     bf16::to_f32,
     bf16::from_f32,
     bf16::to_f64,
-    bf16::from_f64
+    |v| bf16::from_f32(f64_to_f32_round_to_odd(v))
 );
 
 #[cfg(test)]
@@ -153,6 +172,24 @@ mod tests {
         assert_eq!(DType::BF16.size_in_bytes(), std::mem::size_of::<bf16>());
         assert_eq!(DType::I64.size_in_bytes(), std::mem::size_of::<i64>());
         assert_eq!(<f16 as Element>::DTYPE, DType::F16);
+    }
+
+    #[test]
+    fn f64_to_half_rounds_to_nearest_even_above_a_tie() {
+        // 1 + 2^-8 + 2^-40 lies just above the tie between bf16 1.0 and 1.0078125.
+        let v = 1.0 + 2f64.powi(-8) + 2f64.powi(-40);
+        assert_eq!(<bf16 as Element>::from_f64(v).to_f64(), 1.0078125);
+        // An exact tie rounds to even.
+        assert_eq!(
+            <bf16 as Element>::from_f64(1.0 + 2f64.powi(-8)).to_f64(),
+            1.0
+        );
+        let w = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        assert_eq!(<f16 as Element>::from_f64(w).to_f64(), 1.0 + 2f64.powi(-10));
+        assert_eq!(
+            <f16 as Element>::from_f64(-w).to_f64(),
+            -(1.0 + 2f64.powi(-10))
+        );
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl Tensor {
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = Shape::new(shape)?;
         let mut buf = Buffer::alloc(dtype, shape.elem_count(), device)?;
-        with_any!(dtype, T => buf.as_mut_slice::<T>()?.fill(T::from_f64(value)));
+        with_any!(dtype, T => buf.as_mut_slice::<T>()?.fill(<T as Element>::from_f64(value)));
         Tensor::from_buffer(buf, &shape)
     }
 
@@ -239,7 +239,8 @@ impl Tensor {
             let s = src.as_slice::<S>()?;
             with_any!(dtype, D => {
                 for (d, &x) in out.as_mut_slice::<D>()?.iter_mut().zip(s) {
-                    *d = D::from_f64(x.to_f64());
+                    // Through the trait: `half` has inherent `from_f64`s that round wrongly.
+                    *d = <D as Element>::from_f64(Element::to_f64(x));
                 }
             });
         });

@@ -127,7 +127,7 @@ impl Tensor {
                 if k < 0 || k as usize >= depth {
                     return Err(out_of_range("one_hot", k, depth, self.shape()));
                 }
-                dst[p * depth + k as usize] = T::from_f64(1.0);
+                dst[p * depth + k as usize] = <T as Element>::from_f64(1.0);
             }
             Ok(())
         })?;
