@@ -9,9 +9,10 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+#[cfg(test)]
+use crate::optimizer::Optimizer;
 use crate::optimizer::{
-    at, cast, check_non_negative, check_positive, check_unit_open, next_slot, with_float, Core,
-    Optimizer,
+    cast, check_non_negative, check_positive, check_unit_open, next_slot, Core, Rule,
 };
 use crate::{LearningRateSchedule, Result};
 
@@ -40,7 +41,7 @@ use crate::{LearningRateSchedule, Result};
 /// Defaults (Keras): β₁ 0.9, β₂ 0.999, ε 1e-7, no AMSGrad, no weight decay;
 /// [`Adam::default`] uses Keras's learning rate 0.001. The betas must lie in `[0, 1)`,
 /// ε must be finite and `> 0`, the weight decay finite and `>= 0`; they are checked at
-/// each step (and by [`Optimizer::validate`]).
+/// each step (and by [`Optimizer::validate`](crate::Optimizer::validate)).
 #[derive(Debug)]
 pub struct Adam {
     core: Core,
@@ -104,15 +105,6 @@ impl Adam {
         self.core.set_schedule(schedule);
         self
     }
-
-    /// The slots this configuration keeps per parameter.
-    fn slot_names(&self) -> &'static [&'static str] {
-        if self.amsgrad {
-            &["m", "v", "vhat"]
-        } else {
-            &["m", "v"]
-        }
-    }
 }
 
 impl Default for Adam {
@@ -124,7 +116,7 @@ impl Default for Adam {
 
 /// The step's scalars (see [`Adam`]).
 #[derive(Clone, Copy)]
-struct Coeffs<A> {
+pub(crate) struct Coeffs<A> {
     alpha: A,
     one_minus_beta1: A,
     one_minus_beta2: A,
@@ -142,23 +134,6 @@ impl Coeffs<f64> {
             decay: cast(self.decay),
         }
     }
-}
-
-/// One parameter's update; an empty `vhat` slot means plain Adam.
-fn update<T: FloatElement>(
-    p: &mut Tensor,
-    g: &Tensor,
-    slots: &mut [Tensor],
-    c: Coeffs<f64>,
-) -> std::result::Result<(), TensorError> {
-    let g = g.contiguous()?;
-    let g = g.as_slice::<T>()?;
-    let mut slots = slots.iter_mut();
-    let m = next_slot::<T::Acc>(&mut slots)?;
-    let v = next_slot::<T::Acc>(&mut slots)?;
-    let vhat = next_slot::<T::Acc>(&mut slots)?;
-    kernel::<T>(p.data_mut::<T>()?, g, m, v, vhat, c.to_acc());
-    Ok(())
 }
 
 /// The fused update over one parameter.
@@ -209,60 +184,57 @@ fn element<T: FloatElement>(
     *p = T::from_acc(decayed - *m * c.alpha / (Float::sqrt(second) + c.epsilon));
 }
 
-impl Optimizer for Adam {
-    fn step(&mut self, params: &mut [Tensor], grads: &[Tensor]) -> Result<()> {
-        self.validate()?;
-        let lr = self.core.begin_step(params, grads, self.slot_names())?;
-        // The update's number t, as a float: exact below 2^53 steps.
-        let t = (self.core.iterations() + 1) as f64;
-        let coeffs = Coeffs {
-            alpha: lr * (1.0 - self.beta2.powf(t)).sqrt() / (1.0 - self.beta1.powf(t)),
-            one_minus_beta1: 1.0 - self.beta1,
-            one_minus_beta2: 1.0 - self.beta2,
-            epsilon: self.epsilon,
-            decay: 1.0 - lr * self.weight_decay,
-        };
-        let name = self.core.name;
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            let slots = self.core.slots_mut(i);
-            with_float!(name, i, p.dtype(), T => {
-                update::<T>(p, g, slots, coeffs).map_err(at(name, i))
-            })?;
+impl Rule for Adam {
+    type Coeffs = Coeffs<f64>;
+
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+
+    fn slot_names(&self) -> &'static [&'static str] {
+        if self.amsgrad {
+            &["m", "v", "vhat"]
+        } else {
+            &["m", "v"]
         }
-        self.core.end_step();
-        Ok(())
     }
 
-    fn learning_rate(&self) -> f64 {
-        self.core.learning_rate()
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.core.set_learning_rate(lr);
-    }
-
-    fn iterations(&self) -> u64 {
-        self.core.iterations()
-    }
-
-    fn state(&self) -> Vec<(String, Tensor)> {
-        self.core.state(self.slot_names())
-    }
-
-    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.core.load_state(state, self.slot_names())
-    }
-
-    fn name(&self) -> &'static str {
-        self.core.name
-    }
-
-    fn validate(&self) -> Result<()> {
+    fn check_hyperparameters(&self) -> Result<()> {
         let name = self.core.name;
         check_unit_open(name, "beta1", self.beta1)?;
         check_unit_open(name, "beta2", self.beta2)?;
         check_positive(name, "epsilon", self.epsilon)?;
         check_non_negative(name, "weight_decay", self.weight_decay)
+    }
+
+    fn coeffs(&self, lr: f64) -> Coeffs<f64> {
+        // The update's number t, as a float: exact below 2^53 steps.
+        let t = (self.core.iterations() + 1) as f64;
+        Coeffs {
+            alpha: lr * (1.0 - self.beta2.powf(t)).sqrt() / (1.0 - self.beta1.powf(t)),
+            one_minus_beta1: 1.0 - self.beta1,
+            one_minus_beta2: 1.0 - self.beta2,
+            epsilon: self.epsilon,
+            decay: 1.0 - lr * self.weight_decay,
+        }
+    }
+
+    /// An empty `vhat` slot means plain Adam.
+    fn update<T: FloatElement>(
+        p: &mut [T],
+        g: &[T],
+        slots: &mut std::slice::IterMut<'_, Tensor>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        let m = next_slot::<T::Acc>(slots)?;
+        let v = next_slot::<T::Acc>(slots)?;
+        let vhat = next_slot::<T::Acc>(slots)?;
+        kernel::<T>(p, g, m, v, vhat, c.to_acc());
+        Ok(())
     }
 }
 
@@ -341,37 +313,37 @@ impl Default for AdamW {
     }
 }
 
-impl Optimizer for AdamW {
-    fn step(&mut self, params: &mut [Tensor], grads: &[Tensor]) -> Result<()> {
-        self.inner.step(params, grads)
+/// AdamW is its inner [`Adam`] under another name.
+impl Rule for AdamW {
+    type Coeffs = Coeffs<f64>;
+
+    fn core(&self) -> &Core {
+        self.inner.core()
     }
 
-    fn learning_rate(&self) -> f64 {
-        self.inner.learning_rate()
+    fn core_mut(&mut self) -> &mut Core {
+        self.inner.core_mut()
     }
 
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.inner.set_learning_rate(lr);
+    fn slot_names(&self) -> &'static [&'static str] {
+        self.inner.slot_names()
     }
 
-    fn iterations(&self) -> u64 {
-        self.inner.iterations()
+    fn check_hyperparameters(&self) -> Result<()> {
+        self.inner.check_hyperparameters()
     }
 
-    fn state(&self) -> Vec<(String, Tensor)> {
-        self.inner.state()
+    fn coeffs(&self, lr: f64) -> Coeffs<f64> {
+        self.inner.coeffs(lr)
     }
 
-    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.inner.load_state(state)
-    }
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn validate(&self) -> Result<()> {
-        self.inner.validate()
+    fn update<T: FloatElement>(
+        p: &mut [T],
+        g: &[T],
+        slots: &mut std::slice::IterMut<'_, Tensor>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        Adam::update(p, g, slots, c)
     }
 }
 

@@ -1,13 +1,15 @@
 //! The [`Optimizer`] trait and the bookkeeping every optimizer shares.
 //!
 //! The concrete optimizers differ only in their hyperparameters, the names of their
-//! per-parameter state tensors ("slots") and their element-wise kernel. Everything else,
-//! which is where the subtle bugs live (input checks, lazy state creation, the learning
-//! rate of a step, checkpoint export and import), is written once here in [`Core`].
+//! per-parameter state tensors ("slots") and their element-wise kernel: that is all a
+//! [`Rule`] says. Everything else, which is where the subtle bugs live (input checks, lazy
+//! state creation, the learning rate of a step, the loop over the parameters with its
+//! dtype dispatch, checkpoint export and import), is written once here, in [`Core`] and in
+//! the one implementation of [`Optimizer`] for every [`Rule`].
 
 use std::fmt;
 
-use mirra_tensor::{DType, Device, Element, Tensor, TensorError};
+use mirra_tensor::{DType, Device, Element, FloatElement, Tensor, TensorError};
 
 use crate::schedule::{Constant, LearningRateSchedule};
 use crate::{OptimError, Result};
@@ -18,6 +20,9 @@ use crate::{OptimError, Result};
 /// slices, in the same order at every step; the optimizer keeps its per-parameter state by
 /// position. Implementations are `Send` so a training loop can move them to a worker
 /// thread, and `Debug` so models holding a `Box<dyn Optimizer>` can derive it.
+///
+/// This crate implements it for [`Sgd`](crate::Sgd), [`Adam`](crate::Adam),
+/// [`AdamW`](crate::AdamW) and [`RmsProp`](crate::RmsProp).
 pub trait Optimizer: Send + fmt::Debug {
     /// Apply one update in place: `params[i]` is updated from `grads[i]` and the state
     /// of parameter `i`, then the iteration count is incremented.
@@ -67,6 +72,100 @@ pub trait Optimizer: Send + fmt::Debug {
     }
 }
 
+/// What one optimizer adds to the bookkeeping every optimizer shares: the checks of its
+/// hyperparameters, the slots its configuration keeps, the scalars of a step and the
+/// element-wise kernel. [`Optimizer`] is implemented once for every `Rule`, below.
+pub(crate) trait Rule: Send + fmt::Debug {
+    /// The step's scalars, computed in f64 by [`Rule::coeffs`]; [`Rule::update`] rounds
+    /// them to the accumulation type once per parameter.
+    type Coeffs: Copy;
+
+    /// The shared bookkeeping.
+    fn core(&self) -> &Core;
+
+    /// The shared bookkeeping, mutably.
+    fn core_mut(&mut self) -> &mut Core;
+
+    /// The slots this configuration keeps per parameter, in the order [`Rule::update`]
+    /// takes them.
+    fn slot_names(&self) -> &'static [&'static str];
+
+    /// Checks the hyperparameters (see [`Optimizer::validate`]).
+    fn check_hyperparameters(&self) -> Result<()>;
+
+    /// The scalars of the next step, whose learning rate is `lr`.
+    fn coeffs(&self, lr: f64) -> Self::Coeffs;
+
+    /// Updates one parameter `p` in place from its gradient `g` (contiguous, of `p`'s
+    /// length) and its slots, taken with [`next_slot`] in [`Rule::slot_names`] order.
+    fn update<T: FloatElement>(
+        p: &mut [T],
+        g: &[T],
+        slots: &mut std::slice::IterMut<'_, Tensor>,
+        c: Self::Coeffs,
+    ) -> std::result::Result<(), TensorError>;
+}
+
+impl<R: Rule> Optimizer for R {
+    fn step(&mut self, params: &mut [Tensor], grads: &[Tensor]) -> Result<()> {
+        self.check_hyperparameters()?;
+        let slot_names = self.slot_names();
+        let lr = self.core_mut().begin_step(params, grads, slot_names)?;
+        let coeffs = self.coeffs(lr);
+        let core = self.core_mut();
+        let name = core.name;
+        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+            let slots = core.slots_mut(i);
+            with_float!(name, i, p.dtype(), T => {
+                update_param::<R, T>(p, g, slots, coeffs).map_err(at(name, i))
+            })?;
+        }
+        core.end_step();
+        Ok(())
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.core().learning_rate()
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.core_mut().set_learning_rate(lr);
+    }
+
+    fn iterations(&self) -> u64 {
+        self.core().iterations()
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        self.core().state(self.slot_names())
+    }
+
+    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let slot_names = self.slot_names();
+        self.core_mut().load_state(state, slot_names)
+    }
+
+    fn name(&self) -> &'static str {
+        self.core().name
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.check_hyperparameters()
+    }
+}
+
+/// One parameter's update by `R`'s kernel, as element type `T`.
+fn update_param<R: Rule, T: FloatElement>(
+    p: &mut Tensor,
+    g: &Tensor,
+    slots: &mut [Tensor],
+    c: R::Coeffs,
+) -> std::result::Result<(), TensorError> {
+    let g = g.contiguous()?;
+    let g = g.as_slice::<T>()?;
+    R::update::<T>(p.data_mut::<T>()?, g, &mut slots.iter_mut(), c)
+}
+
 /// The state every optimizer keeps besides its hyperparameters.
 #[derive(Debug)]
 pub(crate) struct Core {
@@ -96,12 +195,12 @@ impl Core {
     }
 
     /// The rate of the next step.
-    pub(crate) fn learning_rate(&self) -> f64 {
+    fn learning_rate(&self) -> f64 {
         self.schedule.lr(self.iterations)
     }
 
     /// Replace the schedule by a constant.
-    pub(crate) fn set_learning_rate(&mut self, lr: f64) {
+    fn set_learning_rate(&mut self, lr: f64) {
         self.schedule = Box::new(Constant(lr));
     }
 
@@ -112,7 +211,7 @@ impl Core {
 
     /// Checks the inputs, makes sure the state exists and fits, and returns this step's
     /// learning rate. Nothing a caller can see changes unless it succeeds.
-    pub(crate) fn begin_step(
+    fn begin_step(
         &mut self,
         params: &[Tensor],
         grads: &[Tensor],
@@ -132,7 +231,7 @@ impl Core {
     }
 
     /// The slots of parameter `index` (empty for an optimizer without state).
-    pub(crate) fn slots_mut(&mut self, index: usize) -> &mut [Tensor] {
+    fn slots_mut(&mut self, index: usize) -> &mut [Tensor] {
         match self.slots.get_mut(index) {
             Some(s) => s,
             None => &mut [],
@@ -140,7 +239,7 @@ impl Core {
     }
 
     /// Count a completed step.
-    pub(crate) fn end_step(&mut self) {
+    fn end_step(&mut self) {
         self.iterations += 1;
     }
 
@@ -164,38 +263,30 @@ impl Core {
             return Ok(());
         }
         let op = self.name;
+        let mismatch = |msg: String| OptimError::StateMismatch { op, msg };
         if self.slots.len() != params.len() {
-            return Err(OptimError::StateMismatch {
-                op,
-                msg: format!(
-                    "the state holds {} parameters but {} were given",
-                    self.slots.len(),
-                    params.len()
-                ),
-            });
+            return Err(mismatch(format!(
+                "the state holds {} parameters but {} were given",
+                self.slots.len(),
+                params.len()
+            )));
         }
         for (i, (p, slots)) in params.iter().zip(&self.slots).enumerate() {
             if slots.len() != slot_names.len() {
-                return Err(OptimError::StateMismatch {
-                    op,
-                    msg: format!(
-                        "parameter {i} has {} state tensors, expected {} ({})",
-                        slots.len(),
-                        slot_names.len(),
-                        slot_names.join(", ")
-                    ),
-                });
+                return Err(mismatch(format!(
+                    "parameter {i} has {} state tensors, expected {} ({})",
+                    slots.len(),
+                    slot_names.len(),
+                    slot_names.join(", ")
+                )));
             }
             for (name, t) in slot_names.iter().zip(slots) {
                 if t.shape() != p.shape() {
-                    return Err(OptimError::StateMismatch {
-                        op,
-                        msg: format!(
-                            "state `{i}/{name}` has shape {} but parameter {i} has shape {}",
-                            t.shape(),
-                            p.shape()
-                        ),
-                    });
+                    return Err(mismatch(format!(
+                        "state `{i}/{name}` has shape {} but parameter {i} has shape {}",
+                        t.shape(),
+                        p.shape()
+                    )));
                 }
             }
         }
@@ -209,7 +300,7 @@ impl Core {
     }
 
     /// The named state (see [`Optimizer::state`]).
-    pub(crate) fn state(&self, slot_names: &[&str]) -> Vec<(String, Tensor)> {
+    fn state(&self, slot_names: &[&str]) -> Vec<(String, Tensor)> {
         let iterations = i64::try_from(self.iterations).unwrap_or(i64::MAX);
         let iterations =
             Tensor::scalar(iterations, Device::Cpu).expect("a host scalar allocation cannot fail");
@@ -223,11 +314,7 @@ impl Core {
     }
 
     /// Restore a named state (see [`Optimizer::load_state`]).
-    pub(crate) fn load_state(
-        &mut self,
-        state: &[(String, Tensor)],
-        slot_names: &[&str],
-    ) -> Result<()> {
+    fn load_state(&mut self, state: &[(String, Tensor)], slot_names: &[&str]) -> Result<()> {
         let op = self.name;
         let bad = |key: &str, msg: String| OptimError::BadState {
             op,
@@ -383,7 +470,7 @@ pub(crate) fn at(op: &'static str, index: usize) -> impl Fn(TensorError) -> Opti
 /// once per step).
 #[inline]
 pub(crate) fn cast<A: Element>(x: f64) -> A {
-    A::from_f64(x)
+    <A as Element>::from_f64(x)
 }
 
 /// The next slot of a parameter as a mutable slice of `A`, or an empty slice when the
@@ -397,34 +484,18 @@ pub(crate) fn next_slot<'a, A: Element>(
     }
 }
 
-/// Runs `$body` with `$T` bound to the float type matching `$dtype`; any other dtype is an
+/// [`mirra_tensor::match_float_dtype!`] whose non-float case is an
 /// [`OptimError::UnsupportedDType`] naming `$op` and tensor `$index`. `$body` must evaluate
 /// to a `Result<_, OptimError>`.
 macro_rules! with_float {
     ($op:expr, $index:expr, $dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            mirra_tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            mirra_tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            mirra_tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            mirra_tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            other => Err($crate::OptimError::UnsupportedDType {
+        mirra_tensor::match_float_dtype!($dtype, $T => $body, other => {
+            Err($crate::OptimError::UnsupportedDType {
                 op: $op,
                 index: $index,
                 dtype: other,
-            }),
-        }
+            })
+        })
     };
 }
 

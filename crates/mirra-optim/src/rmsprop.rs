@@ -7,9 +7,10 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+#[cfg(test)]
+use crate::optimizer::Optimizer;
 use crate::optimizer::{
-    at, cast, check_non_negative, check_positive, check_unit, check_unit_open, next_slot,
-    with_float, Core, Optimizer,
+    cast, check_non_negative, check_positive, check_unit, check_unit_open, next_slot, Core, Rule,
 };
 use crate::{LearningRateSchedule, Result};
 
@@ -97,16 +98,6 @@ impl RmsProp {
         self.core.set_schedule(schedule);
         self
     }
-
-    /// The slots this configuration keeps per parameter, in kernel order.
-    fn slot_names(&self) -> &'static [&'static str] {
-        match (self.centered, self.momentum > 0.0) {
-            (false, false) => &["velocity"],
-            (true, false) => &["velocity", "average_gradient"],
-            (false, true) => &["velocity", "momentum"],
-            (true, true) => &["velocity", "average_gradient", "momentum"],
-        }
-    }
 }
 
 impl Default for RmsProp {
@@ -118,13 +109,15 @@ impl Default for RmsProp {
 
 /// The step's scalars (see [`RmsProp`]).
 #[derive(Clone, Copy)]
-struct Coeffs<A> {
+pub(crate) struct Coeffs<A> {
     lr: A,
     rho: A,
     one_minus_rho: A,
     momentum: A,
     epsilon: A,
     decay: A,
+    /// Whether the `average_gradient` slot exists.
+    centered: bool,
 }
 
 impl Coeffs<f64> {
@@ -136,32 +129,30 @@ impl Coeffs<f64> {
             momentum: cast(self.momentum),
             epsilon: cast(self.epsilon),
             decay: cast(self.decay),
+            centered: self.centered,
         }
     }
 }
 
 /// One parameter's update, instantiated for each combination of the optional slots.
-fn update<T: FloatElement, const CENTERED: bool, const MOMENTUM: bool>(
-    p: &mut Tensor,
-    g: &Tensor,
-    slots: &mut [Tensor],
+fn update_variant<T: FloatElement, const CENTERED: bool, const MOMENTUM: bool>(
+    p: &mut [T],
+    g: &[T],
+    slots: &mut std::slice::IterMut<'_, Tensor>,
     c: Coeffs<f64>,
 ) -> std::result::Result<(), TensorError> {
-    let g = g.contiguous()?;
-    let g = g.as_slice::<T>()?;
-    let mut slots = slots.iter_mut();
-    let v = next_slot::<T::Acc>(&mut slots)?;
+    let v = next_slot::<T::Acc>(slots)?;
     let a = if CENTERED {
-        next_slot::<T::Acc>(&mut slots)?
+        next_slot::<T::Acc>(slots)?
     } else {
         &mut []
     };
     let b = if MOMENTUM {
-        next_slot::<T::Acc>(&mut slots)?
+        next_slot::<T::Acc>(slots)?
     } else {
         &mut []
     };
-    kernel::<T, CENTERED, MOMENTUM>(p.data_mut::<T>()?, g, v, a, b, c.to_acc());
+    kernel::<T, CENTERED, MOMENTUM>(p, g, v, a, b, c.to_acc());
     Ok(())
 }
 
@@ -201,64 +192,58 @@ fn kernel<T: FloatElement, const CENTERED: bool, const MOMENTUM: bool>(
     }
 }
 
-impl Optimizer for RmsProp {
-    fn step(&mut self, params: &mut [Tensor], grads: &[Tensor]) -> Result<()> {
-        self.validate()?;
-        let lr = self.core.begin_step(params, grads, self.slot_names())?;
-        let coeffs = Coeffs {
+impl Rule for RmsProp {
+    type Coeffs = Coeffs<f64>;
+
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+
+    fn slot_names(&self) -> &'static [&'static str] {
+        match (self.centered, self.momentum > 0.0) {
+            (false, false) => &["velocity"],
+            (true, false) => &["velocity", "average_gradient"],
+            (false, true) => &["velocity", "momentum"],
+            (true, true) => &["velocity", "average_gradient", "momentum"],
+        }
+    }
+
+    fn check_hyperparameters(&self) -> Result<()> {
+        check_unit_open(NAME, "rho", self.rho)?;
+        check_unit(NAME, "momentum", self.momentum)?;
+        check_positive(NAME, "epsilon", self.epsilon)?;
+        check_non_negative(NAME, "weight_decay", self.weight_decay)
+    }
+
+    fn coeffs(&self, lr: f64) -> Coeffs<f64> {
+        Coeffs {
             lr,
             rho: self.rho,
             one_minus_rho: 1.0 - self.rho,
             momentum: self.momentum,
             epsilon: self.epsilon,
             decay: 1.0 - lr * self.weight_decay,
-        };
-        let (centered, momentum) = (self.centered, self.momentum > 0.0);
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            let s = self.core.slots_mut(i);
-            with_float!(NAME, i, p.dtype(), T => {
-                match (centered, momentum) {
-                    (false, false) => update::<T, false, false>(p, g, s, coeffs),
-                    (true, false) => update::<T, true, false>(p, g, s, coeffs),
-                    (false, true) => update::<T, false, true>(p, g, s, coeffs),
-                    (true, true) => update::<T, true, true>(p, g, s, coeffs),
-                }
-                .map_err(at(NAME, i))
-            })?;
+            centered: self.centered,
         }
-        self.core.end_step();
-        Ok(())
     }
 
-    fn learning_rate(&self) -> f64 {
-        self.core.learning_rate()
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.core.set_learning_rate(lr);
-    }
-
-    fn iterations(&self) -> u64 {
-        self.core.iterations()
-    }
-
-    fn state(&self) -> Vec<(String, Tensor)> {
-        self.core.state(self.slot_names())
-    }
-
-    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.core.load_state(state, self.slot_names())
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn validate(&self) -> Result<()> {
-        check_unit_open(NAME, "rho", self.rho)?;
-        check_unit(NAME, "momentum", self.momentum)?;
-        check_positive(NAME, "epsilon", self.epsilon)?;
-        check_non_negative(NAME, "weight_decay", self.weight_decay)
+    /// Picks the [`update_variant`] for the slots this configuration keeps.
+    fn update<T: FloatElement>(
+        p: &mut [T],
+        g: &[T],
+        s: &mut std::slice::IterMut<'_, Tensor>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        match (c.centered, c.momentum > 0.0) {
+            (false, false) => update_variant::<T, false, false>(p, g, s, c),
+            (true, false) => update_variant::<T, true, false>(p, g, s, c),
+            (false, true) => update_variant::<T, false, true>(p, g, s, c),
+            (true, true) => update_variant::<T, true, true>(p, g, s, c),
+        }
     }
 }
 

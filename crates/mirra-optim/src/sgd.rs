@@ -8,9 +8,9 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
-use crate::optimizer::{
-    at, cast, check_non_negative, check_unit, next_slot, with_float, Core, Optimizer,
-};
+#[cfg(test)]
+use crate::optimizer::Optimizer;
+use crate::optimizer::{cast, check_non_negative, check_unit, next_slot, Core, Rule};
 use crate::{LearningRateSchedule, Result};
 
 const NAME: &str = "sgd";
@@ -80,15 +80,6 @@ impl Sgd {
         self.core.set_schedule(schedule);
         self
     }
-
-    /// The slots this configuration keeps per parameter.
-    fn slot_names(&self) -> &'static [&'static str] {
-        if self.momentum > 0.0 {
-            &["momentum"]
-        } else {
-            &[]
-        }
-    }
 }
 
 impl Default for Sgd {
@@ -100,7 +91,7 @@ impl Default for Sgd {
 
 /// The step's scalars (see [`Sgd`]).
 #[derive(Clone, Copy)]
-struct Coeffs<A> {
+pub(crate) struct Coeffs<A> {
     lr: A,
     mu: A,
     decay: A,
@@ -116,21 +107,6 @@ impl Coeffs<f64> {
             nesterov: self.nesterov,
         }
     }
-}
-
-/// One parameter's update; an empty momentum slot means no momentum.
-fn update<T: FloatElement>(
-    p: &mut Tensor,
-    g: &Tensor,
-    slots: &mut [Tensor],
-    c: Coeffs<f64>,
-) -> std::result::Result<(), TensorError> {
-    let g = g.contiguous()?;
-    let g = g.as_slice::<T>()?;
-    let mut slots = slots.iter_mut();
-    let m = next_slot::<T::Acc>(&mut slots)?;
-    kernel::<T>(p.data_mut::<T>()?, g, m, c.to_acc());
-    Ok(())
 }
 
 /// The fused element-wise update (see [`Sgd`] for the formula).
@@ -151,53 +127,49 @@ fn kernel<T: FloatElement>(p: &mut [T], g: &[T], m: &mut [T::Acc], c: Coeffs<T::
     }
 }
 
-impl Optimizer for Sgd {
-    fn step(&mut self, params: &mut [Tensor], grads: &[Tensor]) -> Result<()> {
-        self.validate()?;
-        let lr = self.core.begin_step(params, grads, self.slot_names())?;
-        let coeffs = Coeffs {
+impl Rule for Sgd {
+    type Coeffs = Coeffs<f64>;
+
+    fn core(&self) -> &Core {
+        &self.core
+    }
+
+    fn core_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+
+    fn slot_names(&self) -> &'static [&'static str] {
+        if self.momentum > 0.0 {
+            &["momentum"]
+        } else {
+            &[]
+        }
+    }
+
+    fn check_hyperparameters(&self) -> Result<()> {
+        check_unit(NAME, "momentum", self.momentum)?;
+        check_non_negative(NAME, "weight_decay", self.weight_decay)
+    }
+
+    fn coeffs(&self, lr: f64) -> Coeffs<f64> {
+        Coeffs {
             lr,
             mu: self.momentum,
             decay: 1.0 - lr * self.weight_decay,
             nesterov: self.nesterov,
-        };
-        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
-            let slots = self.core.slots_mut(i);
-            with_float!(NAME, i, p.dtype(), T => {
-                update::<T>(p, g, slots, coeffs).map_err(at(NAME, i))
-            })?;
         }
-        self.core.end_step();
+    }
+
+    /// An empty momentum slot means no momentum.
+    fn update<T: FloatElement>(
+        p: &mut [T],
+        g: &[T],
+        slots: &mut std::slice::IterMut<'_, Tensor>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        let m = next_slot::<T::Acc>(slots)?;
+        kernel::<T>(p, g, m, c.to_acc());
         Ok(())
-    }
-
-    fn learning_rate(&self) -> f64 {
-        self.core.learning_rate()
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        self.core.set_learning_rate(lr);
-    }
-
-    fn iterations(&self) -> u64 {
-        self.core.iterations()
-    }
-
-    fn state(&self) -> Vec<(String, Tensor)> {
-        self.core.state(self.slot_names())
-    }
-
-    fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        self.core.load_state(state, self.slot_names())
-    }
-
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    fn validate(&self) -> Result<()> {
-        check_unit(NAME, "momentum", self.momentum)?;
-        check_non_negative(NAME, "weight_decay", self.weight_decay)
     }
 }
 

@@ -24,5 +24,11 @@ pub use shape::{Shape, MAX_RANK};
 pub use tensor::Tensor;
 pub use threads::{num_threads, set_num_threads};
 
+/// Paths that [`match_float_dtype!`] expands to in other crates; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use half::{bf16, f16};
+}
+
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, TensorError>;

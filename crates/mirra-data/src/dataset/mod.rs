@@ -216,12 +216,7 @@ impl Dataset {
                 buffer,
                 seed,
             } => {
-                if *buffer == 0 {
-                    return Err(DataError::ZeroArgument {
-                        op: "shuffle",
-                        what: "buffer size",
-                    });
-                }
+                at_least_one("shuffle", "buffer size", *buffer)?;
                 shuffle::shuffle(input.elements(key)?, *buffer, *seed, key)
             }
             Node::Batch {
@@ -229,12 +224,7 @@ impl Dataset {
                 size,
                 drop_remainder,
             } => {
-                if *size == 0 {
-                    return Err(DataError::ZeroArgument {
-                        op: "batch",
-                        what: "batch size",
-                    });
-                }
+                at_least_one("batch", "batch size", *size)?;
                 batch::batch(input.elements(key)?, *size, *drop_remainder)
             }
             Node::Map { input, f } => {
@@ -336,6 +326,14 @@ impl fmt::Debug for DatasetIter {
             .field("done", &self.done)
             .finish_non_exhaustive()
     }
+}
+
+/// A [`DataError::ZeroArgument`] when the argument `what` of `op` is 0.
+fn at_least_one(op: &'static str, what: &'static str, value: usize) -> Result<()> {
+    if value == 0 {
+        return Err(DataError::ZeroArgument { op, what });
+    }
+    Ok(())
 }
 
 /// Mutex contents even after a panic elsewhere: the data here stays consistent.

@@ -22,6 +22,41 @@ fn out_of_range(op: &'static str, value: i64, size: usize, shape: &Shape) -> Ten
     }
 }
 
+/// The index value `k` as a position in `0..size`, or an error naming `op` and `shape`.
+fn position(op: &'static str, k: i64, size: usize, shape: &Shape) -> Result<usize> {
+    if k < 0 || k as usize >= size {
+        return Err(out_of_range(op, k, size, shape));
+    }
+    Ok(k as usize)
+}
+
+/// The element pairs of [`Tensor::gather`] and [`Tensor::scatter_add`]: for each element
+/// `p` (in order) of the index tensor, of dimensions `index_dims` and values `idx`,
+/// `f(p, q)` is called with `q` the element of the other tensor (`n` long along `axis`,
+/// of `index_dims` elsewhere) that `idx[p]` selects along `axis`. An index outside `0..n`
+/// is an error naming `op` and `shape` (the pairs before it were visited).
+fn for_each_pair(
+    op: &'static str,
+    shape: &Shape,
+    idx: &[i64],
+    index_dims: &[usize],
+    axis: usize,
+    n: usize,
+    mut f: impl FnMut(usize, usize),
+) -> Result<()> {
+    let (outer, m, inner) = split(index_dims, axis);
+    for o in 0..outer {
+        for j in 0..m {
+            for i in 0..inner {
+                let p = (o * m + j) * inner + i;
+                let k = position(op, idx[p], n, shape)?;
+                f(p, (o * n + k) * inner + i);
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Tensor {
     /// Values at `index` along `axis`: `out[.., j, ..] = self[.., index[.., j, ..], ..]`
     /// (PyTorch's `gather`). `index` has this tensor's shape except along `axis`.
@@ -29,24 +64,14 @@ impl Tensor {
         let ax = self.shape().axis("gather", axis)?;
         self.check_index_shape("gather", ax, index)?;
         let idx = indices("gather", index)?;
-        let (outer, n, inner) = split(self.dims(), ax);
-        let m = index.dims()[ax];
         let x = self.contiguous()?;
         let mut out = Buffer::alloc(self.dtype(), idx.len(), self.device())?;
         with_any!(self.dtype(), T => {
             let (src, dst) = (x.as_slice::<T>()?, out.as_mut_slice::<T>()?);
-            for o in 0..outer {
-                for j in 0..m {
-                    for i in 0..inner {
-                        let p = (o * m + j) * inner + i;
-                        let k = idx[p];
-                        if k < 0 || k as usize >= n {
-                            return Err(out_of_range("gather", k, n, self.shape()));
-                        }
-                        dst[p] = src[(o * n + k as usize) * inner + i];
-                    }
-                }
-            }
+            let n = self.dims()[ax];
+            for_each_pair("gather", self.shape(), &idx, index.dims(), ax, n, |p, q| {
+                dst[p] = src[q];
+            })?;
         });
         Tensor::from_buffer(out, index.dims())
     }
@@ -65,27 +90,15 @@ impl Tensor {
             });
         }
         let idx = indices("scatter_add", index)?;
-        let (outer, n, inner) = split(dims, ax);
-        let m = index.dims()[ax];
         let src = self.contiguous()?;
         let mut out = target;
         with_float!("scatter_add", self.dtype(), T => {
             let s = src.as_slice::<T>()?;
             let d = out.data_mut::<T>()?;
-            for o in 0..outer {
-                for j in 0..m {
-                    for i in 0..inner {
-                        let p = (o * m + j) * inner + i;
-                        let k = idx[p];
-                        if k < 0 || k as usize >= n {
-                            return Err(out_of_range("scatter_add", k, n, index.shape()));
-                        }
-                        let q = (o * n + k as usize) * inner + i;
-                        d[q] = T::from_acc(d[q].to_acc() + s[p].to_acc());
-                    }
-                }
-            }
-            Ok(())
+            let n = dims[ax];
+            for_each_pair("scatter_add", index.shape(), &idx, index.dims(), ax, n, |p, q| {
+                d[q] = T::from_acc(d[q].to_acc() + s[p].to_acc());
+            })
         })?;
         Ok(out)
     }
@@ -124,10 +137,8 @@ impl Tensor {
         with_float!("one_hot", dtype, T => {
             let dst = out.as_mut_slice::<T>()?;
             for (p, &k) in idx.iter().enumerate() {
-                if k < 0 || k as usize >= depth {
-                    return Err(out_of_range("one_hot", k, depth, self.shape()));
-                }
-                dst[p * depth + k as usize] = <T as Element>::from_f64(1.0);
+                let k = position("one_hot", k, depth, self.shape())?;
+                dst[p * depth + k] = <T as Element>::from_f64(1.0);
             }
             Ok(())
         })?;
