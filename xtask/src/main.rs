@@ -1,6 +1,117 @@
 //! `cargo xtask`: the one entry point that people and CI share.
+//!
+//! Commands are dispatched by hand (no argument-parsing dependency): the first argument
+//! names the command, the rest are its flags. Unknown commands and flags are an error
+//! line and exit status 2.
 
-fn main() {
-    eprintln!("usage: cargo xtask <bench>");
-    std::process::exit(2);
+mod bench_core;
+mod compare;
+mod json;
+mod machine;
+mod matmul;
+mod mlp;
+mod numpy;
+mod rss;
+mod table;
+mod timing;
+
+use std::process::ExitCode;
+
+/// The commands: name, one-line description, and whether it is written yet.
+const COMMANDS: &[(&str, &str, bool)] = &[
+    (
+        "bench",
+        "matmul GFLOP/s vs numpy, MLP samples/s, peak RSS -> target/bench/core.json",
+        true,
+    ),
+    (
+        "bench-collectives",
+        "all-reduce bandwidth of the CPU collectives (not written yet)",
+        false,
+    ),
+    (
+        "bench-mirrored",
+        "mirrored-strategy step time against one replica (not written yet)",
+        false,
+    ),
+    (
+        "scaling",
+        "samples/s against replica count (not written yet)",
+        false,
+    ),
+    (
+        "report",
+        "a summary of every target/bench/*.json (not written yet)",
+        false,
+    ),
+    ("help", "this message", true),
+];
+
+/// An error that ends the command: a message and the exit status.
+#[derive(Debug)]
+pub struct Failure {
+    message: String,
+    code: u8,
+}
+
+impl Failure {
+    /// A usage error (exit status 2).
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            code: 2,
+        }
+    }
+
+    /// A failure while running a command (exit status 1).
+    pub fn run(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            code: 1,
+        }
+    }
+}
+
+fn usage() -> String {
+    let mut s = String::from("usage: cargo xtask <command> [flags]\n\ncommands:\n");
+    for (name, what, _) in COMMANDS {
+        s.push_str(&format!("  {name:<18} {what}\n"));
+    }
+    s.push_str(&format!(
+        "\n`cargo xtask bench` flags:\n{}",
+        bench_core::FLAGS_HELP
+    ));
+    s
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        None => Err(Failure::usage(format!(
+            "xtask: no command given\n\n{}",
+            usage()
+        ))),
+        Some("help" | "--help" | "-h") => {
+            print!("{}", usage());
+            Ok(())
+        }
+        Some("bench") => bench_core::run(&args[1..]),
+        Some(cmd) => match COMMANDS.iter().find(|(name, _, _)| *name == cmd) {
+            Some((_, _, false)) => Err(Failure::run(format!(
+                "xtask: `{cmd}` is not written yet (it comes with the collectives and the \
+                 mirrored strategy)"
+            ))),
+            _ => Err(Failure::usage(format!(
+                "xtask: unknown command `{cmd}`\n\n{}",
+                usage()
+            ))),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("{}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
 }

@@ -6,9 +6,19 @@ use mirra_device::{Buffer, DType, Element};
 
 use crate::{num_threads, Result, Shape, Tensor, TensorError, MAX_RANK};
 
-/// Below this many multiply-adds a product runs on one thread: waking the pool costs
-/// more than it saves (measured: a 64x64x64 product takes ~10 us on one core).
-const PARALLEL_MIN_FLOPS: usize = 64 * 64 * 64;
+/// Below this many multiply-adds a product runs on one thread (`MIRRA_MATMUL_PARALLEL_MIN`).
+/// Waking a parked pool thread on the other core costs 0.1-0.8 ms on these machines, so
+/// a product must be large for two threads to win once the pool has gone to sleep between
+/// the small matmuls of a training step.
+fn parallel_min_macs() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("MIRRA_MATMUL_PARALLEL_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1 << 24)
+    })
+}
 
 impl Tensor {
     /// Matrix product over the last two dimensions (`[.., m, k] x [.., k, n]`), with the
@@ -111,7 +121,7 @@ fn gemm_batched<T: Element>(
     };
     let (bsa, bsb) = (batch_strides(a), batch_strides(b));
     let threads = num_threads();
-    let parallelism = if threads > 1 && m * n * k >= PARALLEL_MIN_FLOPS {
+    let parallelism = if threads > 1 && m * n * k >= parallel_min_macs() {
         Parallelism::Rayon(threads)
     } else {
         Parallelism::None

@@ -127,7 +127,17 @@ impl Tensor {
 
     fn reduce(&self, op: &'static str, kind: Reduce, axes: &[isize], keep: bool) -> Result<Tensor> {
         let mask = self.axis_mask(op, axes)?;
-        let out = with_float!(op, self.dtype(), T => reduce_kernel::<T>(self, &mask, kind))?;
+        let out = with_float!(op, self.dtype(), T => match kind {
+            Reduce::Sum => {
+                reduce_kernel::<T>(self, &mask, <<T as FloatElement>::Acc as num_traits::Zero>::zero(), |a, b| a + b)
+            }
+            Reduce::Max => reduce_kernel::<T>(
+                self,
+                &mask,
+                <<T as FloatElement>::Acc as Float>::neg_infinity(),
+                |a, b| a.max(b),
+            ),
+        })?;
         if keep {
             return Ok(out);
         }
@@ -139,14 +149,13 @@ impl Tensor {
     }
 }
 
-/// How a reduction folds one more element into its accumulator.
-type Combine<A> = fn(A, A) -> A;
-
-/// Reduces the masked axes, keeping them as size-1 dimensions.
+/// Reduces the masked axes with `f` from `init`, keeping them as size-1 dimensions. `f` is
+/// a type parameter, not a function pointer, so that the row loops vectorise.
 fn reduce_kernel<T: FloatElement>(
     x: &Tensor,
     mask: &[bool; MAX_RANK],
-    kind: Reduce,
+    init: T::Acc,
+    f: impl Fn(T::Acc, T::Acc) -> T::Acc,
 ) -> Result<Tensor> {
     let shape = *x.shape();
     let mut out_dims = [0; MAX_RANK];
@@ -161,10 +170,6 @@ fn reduce_kernel<T: FloatElement>(
             out_strides[d] = 0;
         }
     }
-    let (init, f): (T::Acc, Combine<T::Acc>) = match kind {
-        Reduce::Sum => (<T::Acc as num_traits::Zero>::zero(), |a, b| a + b),
-        Reduce::Max => (T::Acc::neg_infinity(), |a, b| a.max(b)),
-    };
     let mut acc = Buffer::alloc(
         <T::Acc as Element>::DTYPE,
         out_shape.elem_count(),

@@ -1,0 +1,68 @@
+//! JSON output helpers: rounding for readable files and atomic writes.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// `x` rounded to `digits` decimals, as JSON; `null` when not finite.
+pub fn num(x: f64, digits: i32) -> Value {
+    if !x.is_finite() {
+        return Value::Null;
+    }
+    let scale = 10f64.powi(digits);
+    serde_json::Number::from_f64((x * scale).round() / scale).map_or(Value::Null, Value::Number)
+}
+
+/// An optional number rounded as [`num`]; `None` is `null`.
+pub fn opt(x: Option<f64>, digits: i32) -> Value {
+    x.map_or(Value::Null, |x| num(x, digits))
+}
+
+/// Writes `value` (pretty-printed, with a final newline) to `path` atomically: into a
+/// temporary file next to it, flushed to disk, then renamed over `path`, so a reader never
+/// sees a half-written file. Creates the parent directory.
+pub fn write_atomic(path: &Path, value: &Value) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map_or_else(|| "out.json".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        serde_json::to_writer_pretty(&mut f, value)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_round_and_non_finite_is_null() {
+        assert_eq!(num(1.23456, 2), serde_json::json!(1.23));
+        assert_eq!(num(f64::NAN, 2), Value::Null);
+        assert_eq!(opt(None, 2), Value::Null);
+    }
+
+    #[test]
+    fn atomic_write_replaces_the_file_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("xtask-json-{}", std::process::id()));
+        let path = dir.join("core.json");
+        write_atomic(&path, &serde_json::json!({"a": 1})).unwrap();
+        write_atomic(&path, &serde_json::json!({"a": 2})).unwrap();
+        let back: Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(back["a"], 2);
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
