@@ -10,12 +10,14 @@ mod device;
 mod dtype;
 mod error;
 mod pool;
+mod simd;
 
 pub use buffer::Buffer;
 pub use device::Device;
 pub use dtype::{DType, Element, FloatElement};
 pub use error::DeviceError;
 pub use pool::{pool_stats, PoolStats};
+pub use simd::vectorize;
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, DeviceError>;

@@ -72,7 +72,9 @@ impl Layout {
 /// Visits every row of `shape` (all dimensions but the last) for `K` operands with their
 /// own strides. `f` receives each operand's offset of the row's first element; the row
 /// has `shape[rank-1]` elements and operand `k` advances by `strides[k][rank-1]` along it.
-/// A rank-0 shape is one row of one element.
+/// A rank-0 shape is one row of one element. Always inlined, so that the row loops of the
+/// caller's closure are compiled (and vectorised) in the caller's context.
+#[inline(always)]
 pub(crate) fn for_each_row<const K: usize>(
     shape: &Shape,
     strides: [&[usize; MAX_RANK]; K],

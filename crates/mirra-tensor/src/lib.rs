@@ -18,7 +18,7 @@ mod threads;
 
 pub use error::TensorError;
 pub use layout::Layout;
-pub use mirra_device::{DType, Device, Element, FloatElement};
+pub use mirra_device::{vectorize, DType, Device, Element, FloatElement};
 pub use ops::{BinaryOp, UnaryOp};
 pub use shape::{Shape, MAX_RANK};
 pub use tensor::Tensor;

@@ -3,7 +3,7 @@
 //! One strided kernel per arity; the per-op arithmetic is a closure monomorphised into
 //! it, so the contiguous inner loops vectorise. 16-bit floats compute in f32.
 
-use mirra_device::{Buffer, Element, FloatElement};
+use mirra_device::{vectorize, Buffer, Element, FloatElement};
 use num_traits::{Float, FloatConst};
 
 use crate::dispatch::with_float;
@@ -215,22 +215,25 @@ fn map1<T: FloatElement>(x: &Tensor, f: impl Fn(T::Acc) -> T::Acc) -> Result<Ten
     let shape = *x.shape();
     let mut out = Buffer::alloc(T::DTYPE, shape.elem_count(), x.device())?;
     let dst = out.as_mut_slice::<T>()?;
-    if x.is_contiguous() {
-        for (d, &s) in dst.iter_mut().zip(x.as_slice::<T>()?) {
-            *d = T::from_acc(f(s.to_acc()));
-        }
-    } else {
-        let src = x.buffer().as_slice::<T>()?;
-        let strides = x.layout().broadcast_strides(&shape);
-        let (inner, step) = (*shape.last().unwrap_or(&1), inner_stride(&strides, &shape));
-        let mut o = 0;
-        for_each_row(&shape, [&strides], [x.layout().offset()], |[s]| {
-            for (j, d) in dst[o..o + inner].iter_mut().enumerate() {
-                *d = T::from_acc(f(src[s + j * step].to_acc()));
+    vectorize(|| -> Result<()> {
+        if x.is_contiguous() {
+            for (d, &s) in dst.iter_mut().zip(x.as_slice::<T>()?) {
+                *d = T::from_acc(f(s.to_acc()));
             }
-            o += inner;
-        });
-    }
+        } else {
+            let src = x.buffer().as_slice::<T>()?;
+            let strides = x.layout().broadcast_strides(&shape);
+            let (inner, step) = (*shape.last().unwrap_or(&1), inner_stride(&strides, &shape));
+            let mut o = 0;
+            for_each_row(&shape, [&strides], [x.layout().offset()], |[s]| {
+                for (j, d) in dst[o..o + inner].iter_mut().enumerate() {
+                    *d = T::from_acc(f(src[s + j * step].to_acc()));
+                }
+                o += inner;
+            });
+        }
+        Ok(())
+    })?;
     Tensor::from_buffer(out, &shape)
 }
 
@@ -242,45 +245,48 @@ fn map2<T: FloatElement>(
 ) -> Result<Tensor> {
     let mut out = Buffer::alloc(T::DTYPE, shape.elem_count(), a.device())?;
     let dst = out.as_mut_slice::<T>()?;
-    if a.shape() == shape && b.shape() == shape && a.is_contiguous() && b.is_contiguous() {
-        let (xa, xb) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
-        for ((d, &x), &y) in dst.iter_mut().zip(xa).zip(xb) {
-            *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+    vectorize(|| -> Result<()> {
+        if a.shape() == shape && b.shape() == shape && a.is_contiguous() && b.is_contiguous() {
+            let (xa, xb) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
+            for ((d, &x), &y) in dst.iter_mut().zip(xa).zip(xb) {
+                *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+            }
+            return Ok(());
         }
-        return Tensor::from_buffer(out, shape);
-    }
-    let (xa, xb) = (a.buffer().as_slice::<T>()?, b.buffer().as_slice::<T>()?);
-    let (sa, sb) = (
-        a.layout().broadcast_strides(shape),
-        b.layout().broadcast_strides(shape),
-    );
-    let (ia, ib) = (inner_stride(&sa, shape), inner_stride(&sb, shape));
-    let inner = *shape.last().unwrap_or(&1);
-    let mut o = 0;
-    let offsets = [a.layout().offset(), b.layout().offset()];
-    for_each_row(shape, [&sa, &sb], offsets, |[pa, pb]| {
-        let row = &mut dst[o..o + inner];
-        match (ia, ib) {
-            (1, 1) => {
-                let (ra, rb) = (&xa[pa..pa + inner], &xb[pb..pb + inner]);
-                for ((d, &x), &y) in row.iter_mut().zip(ra).zip(rb) {
-                    *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+        let (xa, xb) = (a.buffer().as_slice::<T>()?, b.buffer().as_slice::<T>()?);
+        let (sa, sb) = (
+            a.layout().broadcast_strides(shape),
+            b.layout().broadcast_strides(shape),
+        );
+        let (ia, ib) = (inner_stride(&sa, shape), inner_stride(&sb, shape));
+        let inner = *shape.last().unwrap_or(&1);
+        let mut o = 0;
+        let offsets = [a.layout().offset(), b.layout().offset()];
+        for_each_row(shape, [&sa, &sb], offsets, |[pa, pb]| {
+            let row = &mut dst[o..o + inner];
+            match (ia, ib) {
+                (1, 1) => {
+                    let (ra, rb) = (&xa[pa..pa + inner], &xb[pb..pb + inner]);
+                    for ((d, &x), &y) in row.iter_mut().zip(ra).zip(rb) {
+                        *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+                    }
+                }
+                (1, 0) => {
+                    let y = xb[pb].to_acc();
+                    for (d, &x) in row.iter_mut().zip(&xa[pa..pa + inner]) {
+                        *d = T::from_acc(f(x.to_acc(), y));
+                    }
+                }
+                _ => {
+                    for (j, d) in row.iter_mut().enumerate() {
+                        *d = T::from_acc(f(xa[pa + j * ia].to_acc(), xb[pb + j * ib].to_acc()));
+                    }
                 }
             }
-            (1, 0) => {
-                let y = xb[pb].to_acc();
-                for (d, &x) in row.iter_mut().zip(&xa[pa..pa + inner]) {
-                    *d = T::from_acc(f(x.to_acc(), y));
-                }
-            }
-            _ => {
-                for (j, d) in row.iter_mut().enumerate() {
-                    *d = T::from_acc(f(xa[pa + j * ia].to_acc(), xb[pb + j * ib].to_acc()));
-                }
-            }
-        }
-        o += inner;
-    });
+            o += inner;
+        });
+        Ok(())
+    })?;
     Tensor::from_buffer(out, shape)
 }
 
