@@ -1,0 +1,257 @@
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mirra_device::Buffer;
+
+use crate::{ReduceOp, Result};
+
+/// The collectives, as named in errors and benchmark tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// Every rank ends with the reduction of all ranks' buffers.
+    AllReduce,
+    /// Rank `r` ends with chunk `r` of the reduction.
+    ReduceScatter,
+    /// Every rank ends with all ranks' buffers, in rank order.
+    AllGather,
+    /// Every rank ends with the root's buffer.
+    Broadcast,
+    /// The root ends with the reduction of all ranks' buffers.
+    Reduce,
+    /// No rank leaves before every rank has arrived.
+    Barrier,
+}
+
+impl Collective {
+    /// Every collective.
+    pub const ALL: [Collective; 6] = [
+        Collective::AllReduce,
+        Collective::ReduceScatter,
+        Collective::AllGather,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::Barrier,
+    ];
+
+    /// The snake-case name (`all_reduce`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllGather => "all_gather",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::Barrier => "barrier",
+        }
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One rank's endpoint of a communicator group.
+///
+/// A communicator is `Send` but not `Sync`: each rank owns one and calls it from one thread
+/// at a time, as NCCL requires of its communicators. Every rank of a group must start the
+/// same collectives in the same order (with matching lengths, dtypes, operators and
+/// roots; a mismatch is an error on every rank, never a hang or a wrong result).
+///
+/// Collectives are started with `start_*`, which returns a [`Work`] handle that borrows the
+/// buffers until the collective is complete; several may be started before any is waited
+/// for, and they complete in start order. The blocking forms (`all_reduce`, ...) start and
+/// wait. Every wait has a deadline ([`Config::timeout`](crate::Config::timeout)); a rank
+/// that does not take part in time, leaves the group or is aborted makes the calls of all
+/// other ranks fail with an error that names it.
+///
+/// How a backend progresses a started collective is its own affair: the host-memory
+/// backends of this crate run it to completion inside `start_*` (see `docs/COLLECTIVES.md`
+/// for why that is the only sound choice for borrowed host buffers), device backends
+/// enqueue it on a stream and return at once.
+///
+/// A communicator cannot be shared between threads:
+///
+/// ```compile_fail
+/// fn shared<T: Sync>() {}
+/// shared::<Box<dyn mirra_collectives::Communicator>>();
+/// ```
+pub trait Communicator: Send {
+    /// This rank's id, `0..world_size()`.
+    fn rank(&self) -> usize;
+    /// The number of ranks in the group.
+    fn world_size(&self) -> usize;
+    /// The backend's name, as given to [`cpu_group`](crate::cpu_group).
+    fn backend(&self) -> &'static str;
+    /// The deadline of every collective of this communicator.
+    fn timeout(&self) -> Duration;
+    /// A handle that aborts the whole group from any thread.
+    fn abort_handle(&self) -> AbortHandle;
+
+    /// Start an in-place all-reduce: every rank's `buf` becomes the reduction of all ranks'
+    /// `buf`s, bitwise identical on every rank.
+    fn start_all_reduce<'b>(&'b self, buf: &'b mut Buffer, op: ReduceOp) -> Result<Work<'b>>;
+
+    /// Start a reduce-scatter (NCCL semantics): `send` holds `world_size x count` elements,
+    /// `recv` `count`; rank `r` receives the reduction of every rank's elements
+    /// `[r * count, (r + 1) * count)`.
+    fn start_reduce_scatter<'b>(
+        &'b self,
+        send: &'b Buffer,
+        recv: &'b mut Buffer,
+        op: ReduceOp,
+    ) -> Result<Work<'b>>;
+
+    /// Start an all-gather: `recv` holds `world_size x send` elements and receives every
+    /// rank's `send` in rank order.
+    fn start_all_gather<'b>(&'b self, send: &'b Buffer, recv: &'b mut Buffer) -> Result<Work<'b>>;
+
+    /// Start a broadcast: every rank's `buf` receives the contents of `root`'s.
+    fn start_broadcast<'b>(&'b self, buf: &'b mut Buffer, root: usize) -> Result<Work<'b>>;
+
+    /// Start a reduce: `root`'s `buf` receives the reduction of all ranks' `buf`s; the
+    /// other ranks' buffers are left as they were.
+    fn start_reduce<'b>(
+        &'b self,
+        buf: &'b mut Buffer,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<'b>>;
+
+    /// Start a barrier: it completes on a rank once every rank has started it.
+    fn start_barrier(&self) -> Result<Work<'_>>;
+
+    /// Blocking [`start_all_reduce`](Communicator::start_all_reduce).
+    fn all_reduce(&self, buf: &mut Buffer, op: ReduceOp) -> Result<()> {
+        self.start_all_reduce(buf, op)?.wait()
+    }
+    /// Blocking [`start_reduce_scatter`](Communicator::start_reduce_scatter).
+    fn reduce_scatter(&self, send: &Buffer, recv: &mut Buffer, op: ReduceOp) -> Result<()> {
+        self.start_reduce_scatter(send, recv, op)?.wait()
+    }
+    /// Blocking [`start_all_gather`](Communicator::start_all_gather).
+    fn all_gather(&self, send: &Buffer, recv: &mut Buffer) -> Result<()> {
+        self.start_all_gather(send, recv)?.wait()
+    }
+    /// Blocking [`start_broadcast`](Communicator::start_broadcast).
+    fn broadcast(&self, buf: &mut Buffer, root: usize) -> Result<()> {
+        self.start_broadcast(buf, root)?.wait()
+    }
+    /// Blocking [`start_reduce`](Communicator::start_reduce).
+    fn reduce(&self, buf: &mut Buffer, op: ReduceOp, root: usize) -> Result<()> {
+        self.start_reduce(buf, op, root)?.wait()
+    }
+    /// Blocking [`start_barrier`](Communicator::start_barrier).
+    fn barrier(&self) -> Result<()> {
+        self.start_barrier()?.wait()
+    }
+}
+
+impl fmt::Debug for dyn Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Communicator({} rank {} of {})",
+            self.backend(),
+            self.rank(),
+            self.world_size()
+        )
+    }
+}
+
+/// A started collective. It borrows the collective's buffers (`'b`) until it is complete:
+/// neither the caller nor any other rank can touch them before then.
+///
+/// [`wait`](Work::wait) blocks until the collective is complete, within the communicator's
+/// deadline; [`wait_timeout`](Work::wait_timeout) with another one. Dropping a `Work`
+/// that was not waited for waits for it (and drops its error). The host-memory backends
+/// of this crate complete every collective inside `start_*`, so their `Work`s are
+/// complete when handed out.
+#[must_use = "a started collective must be waited for to see its error"]
+pub struct Work<'b> {
+    op: Collective,
+    _buffers: PhantomData<&'b mut Buffer>,
+}
+
+impl<'b> Work<'b> {
+    /// A work item that completed successfully when it was started.
+    pub(crate) fn completed(op: Collective) -> Work<'b> {
+        Work {
+            op,
+            _buffers: PhantomData,
+        }
+    }
+
+    /// The collective this work item runs.
+    pub fn op(&self) -> Collective {
+        self.op
+    }
+
+    /// True once the collective is complete (waiting returns at once).
+    pub fn is_complete(&self) -> bool {
+        true
+    }
+
+    /// Block until the collective is complete, within the communicator's deadline.
+    pub fn wait(self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Block until the collective is complete, at most `timeout`; past it the group is
+    /// aborted and the error is [`CollectiveError::Timeout`](crate::CollectiveError::Timeout).
+    pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
+        let _ = timeout;
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Work<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Work")
+            .field("op", &self.op)
+            .field("complete", &self.is_complete())
+            .finish()
+    }
+}
+
+/// What an [`AbortHandle`] aborts: a whole group.
+pub(crate) trait Abortable: Send + Sync {
+    fn abort(&self);
+    fn is_aborted(&self) -> bool;
+}
+
+/// Aborts a communicator group from any thread: every pending and later collective on
+/// every rank of the group fails promptly with
+/// [`CollectiveError::Aborted`](crate::CollectiveError::Aborted) (or with the failure that
+/// aborted the group first). Cheap to clone; the group cannot be revived.
+#[derive(Clone)]
+pub struct AbortHandle {
+    target: Arc<dyn Abortable>,
+}
+
+impl AbortHandle {
+    pub(crate) fn new(target: Arc<dyn Abortable>) -> AbortHandle {
+        AbortHandle { target }
+    }
+
+    /// Abort the group. Idempotent.
+    pub fn abort(&self) {
+        self.target.abort();
+    }
+
+    /// True once the group has been aborted, by this handle or by a failure.
+    pub fn is_aborted(&self) -> bool {
+        self.target.is_aborted()
+    }
+}
+
+impl fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AbortHandle")
+            .field("aborted", &self.is_aborted())
+            .finish()
+    }
+}

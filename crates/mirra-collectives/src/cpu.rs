@@ -1,0 +1,405 @@
+//! Communicators whose ranks are threads of one process, over the shared-memory
+//! transport. One driver runs every collective the same way; the algorithm only supplies
+//! the data phase:
+//!
+//! 1. post the collective's metadata and buffer pointers (sequence number `seq`);
+//! 2. rendezvous: wait until every rank has posted `seq`;
+//! 3. verdict: every rank checks every rank's metadata, in the same order, so all ranks
+//!    reach the same verdict; a mismatch is an error on every rank, and no buffer is read;
+//! 4. data phase: the algorithm's schedule;
+//! 5. exit: wait until every rank has left the data phase, after which no peer touches
+//!    this rank's buffers and the call may return (and the caller may free them).
+//!
+//! On a timeout, an abort or a dead peer, the rank aborts the group (recording the first
+//! cause) and waits until no peer is inside a data phase before it returns the error.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mirra_device::{Buffer, Device};
+
+use crate::algo::{self, BACKENDS};
+use crate::comm::{AbortHandle, Communicator, Work};
+use crate::reduce::SUPPORTED_DTYPES;
+use crate::transport::{Cause, Ctx, Desc, Group, Stop, MAX_WORLD_SIZE};
+use crate::{Collective, CollectiveError, Config, ReduceOp, Result};
+
+/// Make a group of `world_size` communicators whose ranks are threads of this process,
+/// running the algorithm named `backend` (one of [`BACKENDS`]). Element `r` is rank `r`:
+/// hand each to its own thread.
+pub fn cpu_group(
+    backend: &str,
+    world_size: usize,
+    config: Config,
+) -> Result<Vec<Box<dyn Communicator>>> {
+    let algo = algo::by_name(backend).ok_or_else(|| CollectiveError::UnknownBackend {
+        name: backend.to_string(),
+        known: BACKENDS,
+    })?;
+    if world_size == 0 || world_size > MAX_WORLD_SIZE {
+        return Err(CollectiveError::InvalidWorldSize {
+            world_size,
+            max: MAX_WORLD_SIZE,
+        });
+    }
+    let group = Arc::new(Group::new(world_size, config, algo));
+    Ok((0..world_size)
+        .map(|rank| {
+            Box::new(CpuCommunicator {
+                group: Arc::clone(&group),
+                rank,
+                seq: Cell::new(0),
+            }) as Box<dyn Communicator>
+        })
+        .collect())
+}
+
+/// One rank of a [`cpu_group`]. `Send` (it holds an `Arc` of the shared state and plain
+/// numbers) but not `Sync` (the sequence counter is a `Cell`): one thread at a time.
+struct CpuCommunicator {
+    group: Arc<Group>,
+    rank: usize,
+    /// Sequence number of the last collective this rank started.
+    seq: Cell<u64>,
+}
+
+/// Armed while a collective runs. Dropped armed only when the thread unwinds out of the
+/// collective (a broken invariant panicked): then it aborts the group naming this rank and
+/// waits until no peer is in a data phase, so that unwinding cannot free buffers a peer
+/// is still reading.
+struct OpGuard<'a> {
+    group: &'a Group,
+    rank: usize,
+    armed: bool,
+}
+
+impl OpGuard<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for OpGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.group.abort_with(Cause::RankGone(self.rank));
+            self.group.leave_data(self.rank, None);
+            self.group.wait_peers_out(self.rank);
+        }
+    }
+}
+
+impl CpuCommunicator {
+    /// Run one collective to completion (see the module documentation).
+    fn run(&self, desc: Desc) -> Result<()> {
+        let g = &*self.group;
+        let (me, kind) = (self.rank, desc.kind);
+        if g.is_aborted() {
+            return Err(g.cause_error(kind));
+        }
+        let seq = self.seq.get() + 1;
+        self.seq.set(seq);
+        let timeout = g.config.timeout;
+        let start = Instant::now();
+        let deadline = start
+            .checked_add(timeout)
+            .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365));
+        let guard = OpGuard {
+            group: g,
+            rank: me,
+            armed: true,
+        };
+        g.post(me, seq, &desc);
+        if let Err(stop) = g.wait_posted(me, seq, deadline) {
+            return Err(self.fail(guard, kind, stop));
+        }
+        if let Err(e) = verdict(g, seq, kind) {
+            guard.disarm();
+            return Err(e);
+        }
+        if kind == Collective::Barrier || (desc.len_in == 0 && desc.len_out == 0) {
+            guard.disarm();
+            return Ok(());
+        }
+        if !g.enter_data(me, seq) {
+            return Err(self.fail(guard, kind, Stop::Aborted));
+        }
+        let ctx = Ctx::new(g, me, seq, deadline, desc);
+        let algo = g.algo;
+        let res = match kind {
+            Collective::AllReduce => algo.all_reduce(&ctx),
+            Collective::ReduceScatter => algo.reduce_scatter(&ctx),
+            Collective::AllGather => algo.all_gather(&ctx),
+            Collective::Broadcast => algo.broadcast(&ctx),
+            Collective::Reduce => algo.reduce(&ctx),
+            Collective::Barrier => Ok(()),
+        };
+        match res {
+            Ok(()) => g.leave_data(me, Some(seq)),
+            Err(stop) => {
+                g.leave_data(me, None);
+                return Err(self.fail(guard, kind, stop));
+            }
+        }
+        if let Err(stop) = g.wait_exited(me, seq, deadline) {
+            return Err(self.fail(guard, kind, stop));
+        }
+        guard.disarm();
+        Ok(())
+    }
+
+    /// Abort the group for `stop` (unless it already is) and wait until no peer is in a
+    /// data phase; the error to return is the group's first cause.
+    fn fail(&self, guard: OpGuard<'_>, kind: Collective, stop: Stop) -> CollectiveError {
+        let g = &*self.group;
+        let cause = match stop {
+            Stop::Timeout(waiting_for) => Cause::Timeout {
+                rank: self.rank,
+                waiting_for,
+                after: g.config.timeout,
+            },
+            Stop::Aborted => Cause::Aborted,
+        };
+        g.abort_with(cause);
+        g.wait_peers_out(self.rank);
+        guard.disarm();
+        g.cause_error(kind)
+    }
+
+    fn start(&self, desc: Desc) -> Result<Work<'_>> {
+        let kind = desc.kind;
+        self.run(desc).map(|()| Work::completed(kind))
+    }
+}
+
+fn inplace(kind: Collective, buf: &mut Buffer, op: ReduceOp, root: usize) -> Desc {
+    let ptr = buf.as_bytes_mut().as_mut_ptr();
+    Desc {
+        kind,
+        op,
+        root,
+        dtype_in: buf.dtype(),
+        dtype_out: buf.dtype(),
+        dev_in: buf.device(),
+        dev_out: buf.device(),
+        len_in: buf.len(),
+        len_out: buf.len(),
+        src: ptr.cast_const(),
+        dst: ptr,
+    }
+}
+
+fn send_recv(kind: Collective, send: &Buffer, recv: &mut Buffer, op: ReduceOp) -> Desc {
+    Desc {
+        kind,
+        op,
+        root: 0,
+        dtype_in: send.dtype(),
+        dtype_out: recv.dtype(),
+        dev_in: send.device(),
+        dev_out: recv.device(),
+        len_in: send.len(),
+        len_out: recv.len(),
+        src: send.as_bytes().as_ptr(),
+        dst: recv.as_bytes_mut().as_mut_ptr(),
+    }
+}
+
+impl Communicator for CpuCommunicator {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.group.world_size()
+    }
+    fn backend(&self) -> &'static str {
+        self.group.algo.name()
+    }
+    fn timeout(&self) -> Duration {
+        self.group.config.timeout
+    }
+    fn abort_handle(&self) -> AbortHandle {
+        AbortHandle::new(self.group.clone())
+    }
+
+    fn start_all_reduce<'b>(&'b self, buf: &'b mut Buffer, op: ReduceOp) -> Result<Work<'b>> {
+        self.start(inplace(Collective::AllReduce, buf, op, 0))
+    }
+
+    fn start_reduce_scatter<'b>(
+        &'b self,
+        send: &'b Buffer,
+        recv: &'b mut Buffer,
+        op: ReduceOp,
+    ) -> Result<Work<'b>> {
+        self.start(send_recv(Collective::ReduceScatter, send, recv, op))
+    }
+
+    fn start_all_gather<'b>(&'b self, send: &'b Buffer, recv: &'b mut Buffer) -> Result<Work<'b>> {
+        self.start(send_recv(Collective::AllGather, send, recv, ReduceOp::Sum))
+    }
+
+    fn start_broadcast<'b>(&'b self, buf: &'b mut Buffer, root: usize) -> Result<Work<'b>> {
+        self.start(inplace(Collective::Broadcast, buf, ReduceOp::Sum, root))
+    }
+
+    fn start_reduce<'b>(
+        &'b self,
+        buf: &'b mut Buffer,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<'b>> {
+        self.start(inplace(Collective::Reduce, buf, op, root))
+    }
+
+    fn start_barrier(&self) -> Result<Work<'_>> {
+        self.start(Desc::empty(Collective::Barrier))
+    }
+}
+
+impl Drop for CpuCommunicator {
+    /// A rank that leaves makes every pending and later call of the others fail with
+    /// [`CollectiveError::RankGone`] naming it. No collective of this rank is running (they
+    /// complete inside `start_*`, and the communicator is not `Sync`), so none of its
+    /// buffers is exposed.
+    fn drop(&mut self) {
+        self.group.abort_with(Cause::RankGone(self.rank));
+    }
+}
+
+/// The first rank whose `get` differs from rank 0's, with the rank it is compared with:
+/// `(offender, reference)`. When rank 0 alone differs from all others (n >= 3), rank 0 is
+/// the offender.
+fn odd_one<V: PartialEq>(n: usize, get: impl Fn(usize) -> V) -> Option<(usize, usize)> {
+    let first = get(0);
+    let p = (1..n).find(|&p| get(p) != first)?;
+    if n >= 3 && p == 1 && (2..n).all(|q| get(q) == get(1)) {
+        Some((0, 1))
+    } else {
+        Some((p, 0))
+    }
+}
+
+/// Check every rank's posted metadata for collective `seq`. Every rank runs the same
+/// checks on the same data in the same order, so all ranks reach the same verdict (only
+/// `op`, the caller's own collective, can differ between their errors).
+fn verdict(g: &Group, seq: u64, op: Collective) -> Result<()> {
+    let n = g.world_size();
+    let d = |p: usize| g.posted_desc(p, seq);
+    if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).kind) {
+        return Err(CollectiveError::CollectiveMismatch {
+            op,
+            rank,
+            started: d(rank).kind,
+            ref_rank,
+            ref_started: d(ref_rank).kind,
+        });
+    }
+    let kind = d(0).kind;
+    if kind == Collective::Barrier {
+        return Ok(());
+    }
+    let backend = g.algo.name();
+    for rank in 0..n {
+        let x = d(rank);
+        for dev in [x.dev_in, x.dev_out] {
+            if dev != Device::Cpu {
+                return Err(CollectiveError::UnsupportedDevice {
+                    op,
+                    rank,
+                    device: dev,
+                    backend,
+                });
+            }
+        }
+        for dtype in [x.dtype_in, x.dtype_out] {
+            if !SUPPORTED_DTYPES.contains(&dtype) {
+                return Err(CollectiveError::UnsupportedDType { op, rank, dtype });
+            }
+        }
+        if x.dtype_in != x.dtype_out {
+            return Err(CollectiveError::SendRecvDType {
+                op,
+                rank,
+                send: x.dtype_in,
+                recv: x.dtype_out,
+            });
+        }
+        let sizes_ok = match kind {
+            Collective::ReduceScatter => Some(x.len_in) == x.len_out.checked_mul(n),
+            Collective::AllGather => Some(x.len_out) == x.len_in.checked_mul(n),
+            _ => true,
+        };
+        if !sizes_ok {
+            return Err(CollectiveError::BufferSizes {
+                op,
+                rank,
+                send_len: x.len_in,
+                recv_len: x.len_out,
+                world_size: n,
+            });
+        }
+        if matches!(kind, Collective::Broadcast | Collective::Reduce) && x.root >= n {
+            return Err(CollectiveError::RootOutOfRange {
+                op,
+                rank,
+                root: x.root,
+                world_size: n,
+            });
+        }
+    }
+    if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).dtype_in) {
+        return Err(CollectiveError::DTypeMismatch {
+            op,
+            rank,
+            dtype: d(rank).dtype_in,
+            ref_rank,
+            ref_dtype: d(ref_rank).dtype_in,
+        });
+    }
+    // The per-rank count: recv for reduce-scatter, send otherwise.
+    let count = |p: usize| {
+        let x = d(p);
+        if kind == Collective::ReduceScatter {
+            x.len_out
+        } else {
+            x.len_in
+        }
+    };
+    if let Some((rank, ref_rank)) = odd_one(n, count) {
+        return Err(CollectiveError::LengthMismatch {
+            op,
+            rank,
+            len: count(rank),
+            ref_rank,
+            ref_len: count(ref_rank),
+        });
+    }
+    if matches!(
+        kind,
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+    ) {
+        if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).op) {
+            return Err(CollectiveError::ReduceOpMismatch {
+                op,
+                rank,
+                reduce_op: d(rank).op,
+                ref_rank,
+                ref_reduce_op: d(ref_rank).op,
+            });
+        }
+    }
+    if matches!(kind, Collective::Broadcast | Collective::Reduce) {
+        if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).root) {
+            return Err(CollectiveError::RootMismatch {
+                op,
+                rank,
+                root: d(rank).root,
+                ref_rank,
+                ref_root: d(ref_rank).root,
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! Collective communication for mirra: the [`Communicator`] trait that the mirrored
+//! strategy programs against, and backends chosen by name at run time.
+//!
+//! Today's backends run ranks as threads of one process and move host buffers through
+//! shared memory ([`cpu_group`]): `ring` (reduce-scatter then all-gather, pipelined in
+//! slices), `tree` (NCCL's double binary tree) and `reduce-to-one` (TensorFlow's
+//! `ReductionToOneDevice`). Every collective has a deadline, every rank ends with a
+//! bitwise identical result, and a rank that fails, leaves or is aborted makes the others'
+//! calls fail with an error naming it. `docs/COLLECTIVES.md` describes the transport, the
+//! schedules and their costs, the failure model, and how NCCL, a CUDA peer-to-peer ring and
+//! MPI fit the same trait.
+//!
+//! ```
+//! use mirra_collectives::{cpu_group, Config, ReduceOp};
+//! use mirra_device::{Buffer, Device};
+//!
+//! let comms = cpu_group("ring", 2, Config::default()).unwrap();
+//! let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+//!     let handles: Vec<_> = comms
+//!         .into_iter()
+//!         .map(|comm| {
+//!             s.spawn(move || {
+//!                 let r = comm.rank() as f32;
+//!                 let mut buf = Buffer::from_slice(&[r, 10.0 + r], Device::Cpu).unwrap();
+//!                 comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
+//!                 buf.as_slice::<f32>().unwrap().to_vec()
+//!             })
+//!         })
+//!         .collect();
+//!     handles.into_iter().map(|h| h.join().unwrap()).collect()
+//! });
+//! assert_eq!(results, vec![vec![1.0, 21.0], vec![1.0, 21.0]]);
+//! ```
+
+mod algo;
+mod comm;
+mod config;
+mod cpu;
+mod error;
+mod reduce;
+pub mod reference;
+mod transport;
+
+#[cfg(test)]
+mod conformance;
+
+pub use algo::BACKENDS;
+pub use comm::{AbortHandle, Collective, Communicator, Work};
+pub use config::{
+    Config, DEFAULT_PARK_AFTER, DEFAULT_SLICE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, MIN_SLICE_BYTES,
+};
+pub use cpu::cpu_group;
+pub use error::CollectiveError;
+pub use reduce::{ReduceOp, SUPPORTED_DTYPES};
+pub use transport::MAX_WORLD_SIZE;
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, CollectiveError>;

@@ -1,0 +1,692 @@
+//! The shared-memory transport: what every algorithm stands on.
+//!
+//! Ranks are threads of one process, so a rank can read (and where the schedule allows,
+//! write) its peers' buffers directly. A group is one [`Group`] shared by all ranks:
+//!
+//! - a **slot** per rank and sequence parity where the rank posts its next collective
+//!   (kind, operator, root, dtypes, lengths, buffer pointers) before announcing it through
+//!   its `posted` counter (the rendezvous);
+//! - per-rank **progress counters** (`progress`, one per lane) that an algorithm bumps as
+//!   it finishes slices, and that peers wait on before they read what it wrote;
+//! - per-rank `in_data` and `exited` words that tell when a rank is inside a data phase and
+//!   when it is done with its peers' buffers;
+//! - the sticky **abort** flag with its first cause, and the parking lot (one mutex and
+//!   condition variable) for waiters that have spun and yielded long enough.
+//!
+//! Counters hold `seq << UNIT_BITS | units`, so they grow monotonically across
+//! collectives and never need resetting: a peer still reading the previous collective's
+//! value can never mistake it for the current one.
+//!
+//! The data-access primitives ([`Ctx::reduce`], [`Ctx::copy`]) are `unsafe`: they are sound
+//! only when the schedule guarantees that nobody writes what they read, and nobody reads
+//! or writes what they write, at the same time. Each algorithm argues that at each call.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mirra_device::{DType, Device};
+
+use crate::algo::Algorithm;
+use crate::reduce::{combine_op, with_dtype};
+use crate::{Collective, CollectiveError, Config, ReduceOp};
+
+/// The largest group the shared-memory transport supports (bounds the stack arrays of
+/// operands).
+pub const MAX_WORLD_SIZE: usize = 64;
+/// Progress units per collective live in the low bits of a counter, the sequence number
+/// above them.
+const UNIT_BITS: u32 = 24;
+/// Most slices an algorithm may cut one chunk into (keeps the units of one collective
+/// below `1 << UNIT_BITS` for every world size).
+pub(crate) const MAX_SLICES: usize = 1 << 16;
+/// Independent progress counters per rank (the double binary tree uses four: reduce and
+/// broadcast progress of each tree).
+pub(crate) const LANES: usize = 4;
+/// Longest single park: a safety net only, wake-ups come from the notifier.
+const MAX_PARK: Duration = Duration::from_millis(50);
+/// Spins between two reads of the clock.
+const SPIN_BATCH: u32 = 8;
+
+/// Why a wait or a data phase stopped early.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// The group was aborted (the cause is in the group).
+    Aborted,
+    /// The deadline passed while these ranks had not done their part.
+    Timeout(Vec<usize>),
+}
+
+/// The first failure of a group, which every later call reports.
+#[derive(Clone, Debug)]
+pub(crate) enum Cause {
+    Aborted,
+    RankGone(usize),
+    Timeout {
+        rank: usize,
+        waiting_for: Vec<usize>,
+        after: Duration,
+    },
+}
+
+impl Cause {
+    pub(crate) fn to_error(&self, op: Collective) -> CollectiveError {
+        match self {
+            Cause::Aborted => CollectiveError::Aborted { op },
+            Cause::RankGone(rank) => CollectiveError::RankGone { op, rank: *rank },
+            Cause::Timeout {
+                rank,
+                waiting_for,
+                after,
+            } => CollectiveError::Timeout {
+                op,
+                rank: *rank,
+                waiting_for: waiting_for.clone(),
+                after: *after,
+            },
+        }
+    }
+}
+
+/// What a rank posts for one collective.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Desc {
+    pub kind: Collective,
+    pub op: ReduceOp,
+    pub root: usize,
+    pub dtype_in: DType,
+    pub dtype_out: DType,
+    pub dev_in: Device,
+    pub dev_out: Device,
+    /// Elements behind `src`.
+    pub len_in: usize,
+    /// Elements behind `dst`.
+    pub len_out: usize,
+    /// The input (the send buffer; the buffer itself for in-place collectives). Only ever
+    /// read through.
+    pub src: *const u8,
+    /// The output (the receive buffer; the buffer itself for in-place collectives).
+    pub dst: *mut u8,
+}
+
+impl Desc {
+    /// A collective without buffers (barrier).
+    pub(crate) fn empty(kind: Collective) -> Desc {
+        Desc {
+            kind,
+            op: ReduceOp::Sum,
+            root: 0,
+            dtype_in: DType::U8,
+            dtype_out: DType::U8,
+            dev_in: Device::Cpu,
+            dev_out: Device::Cpu,
+            len_in: 0,
+            len_out: 0,
+            src: std::ptr::null(),
+            dst: std::ptr::null_mut(),
+        }
+    }
+}
+
+const KINDS: [Collective; 6] = Collective::ALL;
+const OPS: [ReduceOp; 5] = ReduceOp::ALL;
+const DTYPES: [DType; 7] = [
+    DType::U8,
+    DType::I32,
+    DType::I64,
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F64,
+];
+
+fn index_of<T: PartialEq>(all: &[T], x: &T) -> u64 {
+    all.iter().position(|y| y == x).unwrap_or(0) as u64
+}
+
+fn device_code(d: Device) -> usize {
+    match d {
+        Device::Cpu => 0,
+        Device::Cuda(i) => i.saturating_add(1),
+    }
+}
+
+fn device_from(code: usize) -> Device {
+    match code {
+        0 => Device::Cpu,
+        i => Device::Cuda(i - 1),
+    }
+}
+
+/// A posted [`Desc`], as atomics: written by its rank before it announces the collective
+/// (release) and read by peers after they saw the announcement (acquire), so relaxed
+/// accesses suffice here.
+#[derive(Default)]
+struct Slot {
+    /// kind | op << 8 | dtype_in << 16 | dtype_out << 24.
+    tags: AtomicU64,
+    root: AtomicUsize,
+    dev_in: AtomicUsize,
+    dev_out: AtomicUsize,
+    len_in: AtomicUsize,
+    len_out: AtomicUsize,
+    src: AtomicPtr<u8>,
+    dst: AtomicPtr<u8>,
+}
+
+impl Slot {
+    fn store(&self, d: &Desc) {
+        let tags = index_of(&KINDS, &d.kind)
+            | index_of(&OPS, &d.op) << 8
+            | index_of(&DTYPES, &d.dtype_in) << 16
+            | index_of(&DTYPES, &d.dtype_out) << 24;
+        self.tags.store(tags, Ordering::Relaxed);
+        self.root.store(d.root, Ordering::Relaxed);
+        self.dev_in.store(device_code(d.dev_in), Ordering::Relaxed);
+        self.dev_out
+            .store(device_code(d.dev_out), Ordering::Relaxed);
+        self.len_in.store(d.len_in, Ordering::Relaxed);
+        self.len_out.store(d.len_out, Ordering::Relaxed);
+        self.src.store(d.src.cast_mut(), Ordering::Relaxed);
+        self.dst.store(d.dst, Ordering::Relaxed);
+    }
+
+    fn load(&self) -> Desc {
+        let tags = self.tags.load(Ordering::Relaxed);
+        let field = |shift: u32| ((tags >> shift) & 0xff) as usize;
+        Desc {
+            kind: KINDS[field(0) % KINDS.len()],
+            op: OPS[field(8) % OPS.len()],
+            dtype_in: DTYPES[field(16) % DTYPES.len()],
+            dtype_out: DTYPES[field(24) % DTYPES.len()],
+            root: self.root.load(Ordering::Relaxed),
+            dev_in: device_from(self.dev_in.load(Ordering::Relaxed)),
+            dev_out: device_from(self.dev_out.load(Ordering::Relaxed)),
+            len_in: self.len_in.load(Ordering::Relaxed),
+            len_out: self.len_out.load(Ordering::Relaxed),
+            src: self.src.load(Ordering::Relaxed).cast_const(),
+            dst: self.dst.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Everything one rank publishes. Written only by its rank (and, for `posted` and
+/// `progress`, only ever increased), read by all; padded so that ranks never share a
+/// cache line.
+#[repr(align(128))]
+#[derive(Default)]
+struct RankState {
+    /// Sequence number of the last collective this rank posted.
+    posted: AtomicU64,
+    /// Sequence number of the collective whose data phase this rank is in; 0 outside.
+    in_data: AtomicU64,
+    /// Sequence number of the last collective whose data phase this rank has left.
+    exited: AtomicU64,
+    /// Progress of the current data phase, `seq << UNIT_BITS | units`, per lane.
+    progress: [AtomicU64; LANES],
+    /// Posted collectives, by sequence parity: a rank can be at most one collective ahead
+    /// of the slowest peer, so the slot a peer is reading is never the one being written.
+    slots: [Slot; 2],
+}
+
+/// The state one group of ranks shares.
+pub(crate) struct Group {
+    n: usize,
+    ranks: Box<[RankState]>,
+    aborted: AtomicBool,
+    cause: Mutex<Option<Cause>>,
+    /// Waiters currently parked (or about to), so that notifiers skip the lock otherwise.
+    parked: AtomicUsize,
+    park_lock: Mutex<()>,
+    park_cv: Condvar,
+    pub(crate) config: Config,
+    pub(crate) algo: &'static dyn Algorithm,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The protected data stays consistent through a panic (plain assignments).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Group {
+    pub(crate) fn new(n: usize, config: Config, algo: &'static dyn Algorithm) -> Group {
+        Group {
+            n,
+            ranks: (0..n).map(|_| RankState::default()).collect(),
+            aborted: AtomicBool::new(false),
+            cause: Mutex::new(None),
+            parked: AtomicUsize::new(0),
+            park_lock: Mutex::new(()),
+            park_cv: Condvar::new(),
+            config,
+            algo,
+        }
+    }
+
+    pub(crate) fn world_size(&self) -> usize {
+        self.n
+    }
+
+    pub(crate) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// The first cause of the abort, as an error of collective `op`.
+    pub(crate) fn cause_error(&self, op: Collective) -> CollectiveError {
+        lock(&self.cause)
+            .as_ref()
+            .unwrap_or(&Cause::Aborted)
+            .to_error(op)
+    }
+
+    /// Abort the group, recording `cause` unless an earlier one is recorded, and wake every
+    /// parked waiter.
+    pub(crate) fn abort_with(&self, cause: Cause) {
+        {
+            let mut c = lock(&self.cause);
+            if c.is_none() {
+                *c = Some(cause);
+            }
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        let _g = lock(&self.park_lock);
+        self.park_cv.notify_all();
+    }
+
+    /// Wake parked waiters after a counter changed. The counter store is SeqCst, and so
+    /// is the read of `parked` here and the fence a waiter runs after registering: either
+    /// this read sees the waiter, or the waiter's re-check sees the store.
+    fn notify(&self) {
+        if self.parked.load(Ordering::SeqCst) != 0 {
+            let _g = lock(&self.park_lock);
+            self.park_cv.notify_all();
+        }
+    }
+
+    fn publish(&self, word: &AtomicU64, value: u64) {
+        word.store(value, Ordering::SeqCst);
+        self.notify();
+    }
+
+    /// Wait until `done()` holds: spin for `config.spin`, then yield until
+    /// `config.park_after`, then park, checking the deadline (if any) and, when
+    /// `abortable`, the abort flag. `done` is always checked first, so a condition that
+    /// holds wins over an abort that raced with it.
+    fn wait_until(
+        &self,
+        deadline: Option<Instant>,
+        abortable: bool,
+        mut done: impl FnMut() -> bool,
+    ) -> Result<(), WaitEnd> {
+        if done() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let spin_until = start + self.config.spin;
+        let park_at = start + self.config.park_after;
+        let check = |now: Instant| -> Result<(), WaitEnd> {
+            if abortable && self.aborted.load(Ordering::Acquire) {
+                return Err(WaitEnd::Aborted);
+            }
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(WaitEnd::Deadline);
+            }
+            Ok(())
+        };
+        // Spin: a peer running on the other core answers within microseconds.
+        loop {
+            for _ in 0..SPIN_BATCH {
+                std::hint::spin_loop();
+                if done() {
+                    return Ok(());
+                }
+            }
+            let now = Instant::now();
+            check(now)?;
+            if now >= spin_until {
+                break;
+            }
+        }
+        // Yield: let a peer (or compute) that shares our core run.
+        loop {
+            std::thread::yield_now();
+            if done() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            check(now)?;
+            if now >= park_at {
+                break;
+            }
+        }
+        // Park until a notifier wakes us (or MAX_PARK passes, as a safety net).
+        loop {
+            self.parked.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            {
+                let guard = lock(&self.park_lock);
+                let aborted = abortable && self.aborted.load(Ordering::SeqCst);
+                if !done() && !aborted {
+                    let now = Instant::now();
+                    let nap = deadline
+                        .map_or(MAX_PARK, |d| d.saturating_duration_since(now))
+                        .min(MAX_PARK);
+                    let _unused = self
+                        .park_cv
+                        .wait_timeout(guard, nap)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            self.parked.fetch_sub(1, Ordering::SeqCst);
+            if done() {
+                return Ok(());
+            }
+            check(Instant::now())?;
+        }
+    }
+
+    /// Wait until `ready(p)` holds for every rank `p` other than `me`.
+    fn wait_peers(
+        &self,
+        me: usize,
+        deadline: Option<Instant>,
+        abortable: bool,
+        ready: impl Fn(usize) -> bool,
+    ) -> Result<(), Stop> {
+        let all = || (0..self.n).all(|p| p == me || ready(p));
+        self.wait_until(deadline, abortable, all)
+            .map_err(|end| match end {
+                WaitEnd::Aborted => Stop::Aborted,
+                WaitEnd::Deadline => {
+                    Stop::Timeout((0..self.n).filter(|&p| p != me && !ready(p)).collect())
+                }
+            })
+    }
+
+    /// Post collective `seq` of rank `me`.
+    pub(crate) fn post(&self, me: usize, seq: u64, desc: &Desc) {
+        let r = &self.ranks[me];
+        r.slots[(seq & 1) as usize].store(desc);
+        self.publish(&r.posted, seq);
+    }
+
+    /// The rendezvous: wait until every rank has posted collective `seq`.
+    pub(crate) fn wait_posted(&self, me: usize, seq: u64, deadline: Instant) -> Result<(), Stop> {
+        self.wait_peers(me, Some(deadline), true, |p| {
+            self.ranks[p].posted.load(Ordering::Acquire) >= seq
+        })
+    }
+
+    /// What rank `p` posted for collective `seq` (valid once the rendezvous is done).
+    pub(crate) fn posted_desc(&self, p: usize, seq: u64) -> Desc {
+        self.ranks[p].slots[(seq & 1) as usize].load()
+    }
+
+    /// Enter the data phase of `seq`. Dekker with [`Group::abort_with`] and
+    /// [`Group::wait_peers_out`]: the SeqCst store of `in_data` and load of the flag mean
+    /// that either this rank sees the abort and stays out, or the aborting rank sees this
+    /// rank inside and waits for it to leave before it frees its buffers.
+    pub(crate) fn enter_data(&self, me: usize, seq: u64) -> bool {
+        self.ranks[me].in_data.store(seq, Ordering::SeqCst);
+        if self.aborted.load(Ordering::SeqCst) {
+            self.leave_data(me, None);
+            return false;
+        }
+        true
+    }
+
+    /// Leave the data phase: no access to peers' buffers follows. With `Some(seq)` the
+    /// data phase completed and `exited` records it.
+    pub(crate) fn leave_data(&self, me: usize, completed: Option<u64>) {
+        let r = &self.ranks[me];
+        r.in_data.store(0, Ordering::SeqCst);
+        if let Some(seq) = completed {
+            r.exited.store(seq, Ordering::SeqCst);
+        }
+        self.notify();
+    }
+
+    /// Wait until every peer has completed the data phase of `seq` (after which none of
+    /// them touches this rank's buffers again).
+    pub(crate) fn wait_exited(&self, me: usize, seq: u64, deadline: Instant) -> Result<(), Stop> {
+        self.wait_peers(me, Some(deadline), true, |p| {
+            self.ranks[p].exited.load(Ordering::Acquire) >= seq
+        })
+    }
+
+    /// After an abort: wait, without deadline, until no peer is in a data phase. Peers
+    /// check the abort flag between slices and in every wait, so this is prompt; it must
+    /// not give up, because returning lets the caller free buffers a peer may still read.
+    pub(crate) fn wait_peers_out(&self, me: usize) {
+        let _ = self.wait_peers(me, None, false, |p| {
+            self.ranks[p].in_data.load(Ordering::SeqCst) == 0
+        });
+    }
+}
+
+/// How [`Group::wait_until`] ended early.
+enum WaitEnd {
+    Aborted,
+    Deadline,
+}
+
+impl crate::comm::Abortable for Group {
+    fn abort(&self) {
+        self.abort_with(Cause::Aborted);
+    }
+    fn is_aborted(&self) -> bool {
+        Group::is_aborted(self)
+    }
+}
+
+/// Which of a rank's posted buffers a [`Loc`] points into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// The input (send buffer; the buffer itself for in-place collectives). Read only.
+    Send,
+    /// The output (receive buffer; the buffer itself for in-place collectives).
+    Recv,
+}
+
+/// An element offset into one rank's posted buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Loc {
+    pub rank: usize,
+    pub side: Side,
+    pub offset: usize,
+}
+
+impl Loc {
+    pub(crate) fn send(rank: usize, offset: usize) -> Loc {
+        Loc {
+            rank,
+            side: Side::Send,
+            offset,
+        }
+    }
+    pub(crate) fn recv(rank: usize, offset: usize) -> Loc {
+        Loc {
+            rank,
+            side: Side::Recv,
+            offset,
+        }
+    }
+}
+
+/// One rank's view of one collective's data phase: the topology facts, the progress
+/// counters and the data primitives an algorithm's schedule is written in.
+pub(crate) struct Ctx<'g> {
+    g: &'g Group,
+    me: usize,
+    seq: u64,
+    deadline: Instant,
+    desc: Desc,
+}
+
+impl<'g> Ctx<'g> {
+    pub(crate) fn new(g: &'g Group, me: usize, seq: u64, deadline: Instant, desc: Desc) -> Self {
+        Ctx {
+            g,
+            me,
+            seq,
+            deadline,
+            desc,
+        }
+    }
+
+    pub(crate) fn rank(&self) -> usize {
+        self.me
+    }
+    pub(crate) fn world(&self) -> usize {
+        self.g.n
+    }
+    pub(crate) fn root(&self) -> usize {
+        self.desc.root
+    }
+    /// Elements of this rank's input.
+    pub(crate) fn send_len(&self) -> usize {
+        self.desc.len_in
+    }
+    /// Elements of this rank's output.
+    pub(crate) fn recv_len(&self) -> usize {
+        self.desc.len_out
+    }
+
+    /// Slicing of ranges of up to `max_len` elements: `(slices, elements per slice)`, with
+    /// slices of about `config.slice_bytes` and at most [`MAX_SLICES`] of them (at least
+    /// one, possibly empty).
+    pub(crate) fn slicing(&self, max_len: usize) -> (usize, usize) {
+        let size = self.desc.dtype_out.size_in_bytes().max(1);
+        let per = (self.g.config.slice_bytes / size)
+            .max(1)
+            .max(max_len.div_ceil(MAX_SLICES));
+        (max_len.div_ceil(per).max(1), per)
+    }
+
+    /// Fail fast if the group was aborted (between slices).
+    pub(crate) fn check(&self) -> Result<(), Stop> {
+        if self.g.aborted.load(Ordering::Relaxed) {
+            Err(Stop::Aborted)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Announce that this rank has done `units` units of work on `lane` in this collective
+    /// (everything it wrote before is visible to a peer that sees the count).
+    pub(crate) fn publish(&self, lane: usize, units: usize) {
+        debug_assert!((units as u64) < 1 << UNIT_BITS);
+        let value = self.seq << UNIT_BITS | units as u64;
+        self.g.publish(&self.g.ranks[self.me].progress[lane], value);
+    }
+
+    /// Wait until `peer` has published at least `units` units on `lane`.
+    pub(crate) fn wait(&self, peer: usize, lane: usize, units: usize) -> Result<(), Stop> {
+        self.wait_until(|| self.ready(peer, lane, units), || vec![peer])
+    }
+
+    /// True if `peer` has published at least `units` units on `lane` (no waiting).
+    pub(crate) fn ready(&self, peer: usize, lane: usize, units: usize) -> bool {
+        let target = self.seq << UNIT_BITS | units as u64;
+        self.g.ranks[peer].progress[lane].load(Ordering::Acquire) >= target
+    }
+
+    /// Wait until `cond()` holds (built from [`Ctx::ready`] checks); on the deadline the
+    /// error names the ranks `blockers()` returns.
+    pub(crate) fn wait_until(
+        &self,
+        cond: impl FnMut() -> bool,
+        blockers: impl FnOnce() -> Vec<usize>,
+    ) -> Result<(), Stop> {
+        self.g
+            .wait_until(Some(self.deadline), true, cond)
+            .map_err(|end| match end {
+                WaitEnd::Aborted => Stop::Aborted,
+                WaitEnd::Deadline => Stop::Timeout(blockers()),
+            })
+    }
+
+    /// Pointer to element `loc.offset` of a posted buffer, with `len` elements checked to
+    /// lie inside it (a failed check is a broken schedule: it panics, and the collective's
+    /// guard aborts the group and waits for the peers before the panic goes on).
+    fn ptr(&self, loc: Loc, len: usize) -> *mut u8 {
+        let d = self.g.posted_desc(loc.rank, self.seq);
+        let (base, total) = match loc.side {
+            Side::Send => (d.src.cast_mut(), d.len_in),
+            Side::Recv => (d.dst, d.len_out),
+        };
+        assert!(
+            loc.offset.checked_add(len).is_some_and(|end| end <= total),
+            "schedule out of bounds: rank {} {:?} [{}, +{len}) of {total}",
+            loc.rank,
+            loc.side,
+            loc.offset
+        );
+        base.wrapping_add(loc.offset * self.desc.dtype_out.size_in_bytes())
+    }
+
+    /// `dst[..len] = (dst ⊕) srcs[0] ⊕ srcs[1] ⊕ ...` with this collective's operator, in
+    /// one pass and in this operand order (`dst` first when `accumulate`); divided by the
+    /// world size when `finalize` and the operator is Mean.
+    ///
+    /// # Safety
+    /// For the duration of the call no other rank may write any source range or access the
+    /// destination range, `dst` must not overlap any source, and `dst` must be a `Recv`
+    /// location (inputs are read only).
+    pub(crate) unsafe fn reduce(
+        &self,
+        dst: Loc,
+        srcs: &[Loc],
+        len: usize,
+        accumulate: bool,
+        finalize: bool,
+    ) {
+        if len == 0 {
+            return;
+        }
+        debug_assert_eq!(dst.side, Side::Recv);
+        debug_assert!(srcs.len() <= MAX_WORLD_SIZE);
+        let d = self.ptr(dst, len);
+        let k = srcs.len().min(MAX_WORLD_SIZE);
+        let mut s = [std::ptr::null::<u8>(); MAX_WORLD_SIZE];
+        for (slot, loc) in s.iter_mut().zip(srcs) {
+            *slot = self.ptr(*loc, len).cast_const();
+        }
+        let (op, world) = (self.desc.op, self.g.n);
+        with_dtype!(self.desc.dtype_out, T => {
+            // SAFETY: `ptr` checked every range to lie inside a live posted buffer (peers'
+            // buffers stay borrowed until every rank has left this data phase), buffers
+            // are 8-byte aligned and offsets are whole elements of the posted dtype (the
+            // rendezvous checked all ranks agree on it); the caller guarantees that no one
+            // else writes the sources or touches the destination meanwhile and that the
+            // destination overlaps no source, so these references do not alias mutably.
+            let (dst, refs) = unsafe {
+                let dst = std::slice::from_raw_parts_mut(d.cast::<T>(), len);
+                let mut refs: [&[T]; MAX_WORLD_SIZE] = [&[]; MAX_WORLD_SIZE];
+                for (r, p) in refs.iter_mut().zip(&s[..k]) {
+                    *r = std::slice::from_raw_parts(p.cast::<T>(), len);
+                }
+                (dst, refs)
+            };
+            combine_op::<T>(op, dst, accumulate, &refs[..k], finalize, world);
+        });
+    }
+
+    /// `dst[..len] = src[..len]`.
+    ///
+    /// # Safety
+    /// For the duration of the call no other rank may write the source range or access the
+    /// destination range, the two must not overlap, and `dst` must be a `Recv` location.
+    pub(crate) unsafe fn copy(&self, dst: Loc, src: Loc, len: usize) {
+        if len == 0 {
+            return;
+        }
+        debug_assert_eq!(dst.side, Side::Recv);
+        let d = self.ptr(dst, len);
+        let s = self.ptr(src, len);
+        let bytes = len * self.desc.dtype_out.size_in_bytes();
+        // SAFETY: both ranges lie inside live posted buffers (checked by `ptr`), do not
+        // overlap and are not accessed by anyone else meanwhile (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(s.cast_const(), d, bytes) };
+    }
+}
