@@ -858,7 +858,7 @@ fn several_in_flight(backend: &str) {
 #[test]
 fn every_backend_runs_the_suite() {
     // Adding a backend to BACKENDS without adding it to `suite!` below fails here.
-    assert_eq!(BACKENDS, &["ring", "tree", "reduce-to-one"]);
+    assert_eq!(BACKENDS, &["ring", "tree", "reduce-to-one", "direct"]);
 }
 
 #[test]
@@ -866,7 +866,7 @@ fn unknown_backend_and_bad_world_sizes_are_errors() {
     let e = cpu_group("nccl-ring", 2, Config::default()).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "unknown collectives backend `nccl-ring`; known backends: ring, tree, reduce-to-one"
+        "unknown collectives backend `nccl-ring`; known backends: ring, tree, reduce-to-one, direct"
     );
     for n in [0, crate::MAX_WORLD_SIZE + 1] {
         assert!(matches!(
@@ -946,4 +946,4 @@ macro_rules! suite {
     )*};
 }
 
-suite!(ring => "ring", tree => "tree", reduce_to_one => "reduce-to-one");
+suite!(ring => "ring", tree => "tree", reduce_to_one => "reduce-to-one", direct => "direct");

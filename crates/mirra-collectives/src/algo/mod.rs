@@ -13,12 +13,13 @@ use std::ops::Range;
 use crate::transport::{Ctx, Stop};
 
 pub(crate) mod direct;
+pub(crate) mod one_pass;
 pub(crate) mod reduce_to_one;
 pub(crate) mod ring;
 pub(crate) mod tree;
 
 /// The names [`cpu_group`](crate::cpu_group) accepts, in the order benchmarks list them.
-pub const BACKENDS: &[&str] = &["ring", "tree", "reduce-to-one"];
+pub const BACKENDS: &[&str] = &["ring", "tree", "reduce-to-one", "direct"];
 
 /// One algorithm's schedules. Each runs inside a data phase: every rank has posted its
 /// buffers, the metadata agrees across ranks, and no buffer is freed before every rank has
@@ -57,6 +58,7 @@ pub(crate) fn by_name(name: &str) -> Option<&'static dyn Algorithm> {
         "ring" => Some(&ring::Ring),
         "tree" => Some(&tree::DoubleBinaryTree),
         "reduce-to-one" => Some(&reduce_to_one::ReduceToOne),
+        "direct" => Some(&one_pass::OnePass),
         _ => None,
     }
 }
