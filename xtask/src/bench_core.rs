@@ -95,13 +95,13 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
 }
 
 /// The workspace root (this package's parent directory).
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `<root>/target`.
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => root.join(dir),
         None => root.join("target"),

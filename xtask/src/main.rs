@@ -4,13 +4,17 @@
 //! names the command, the rest are its flags. Unknown commands and flags are an error
 //! line and exit status 2.
 
+mod bench_collectives;
 mod bench_core;
 mod compare;
 mod json;
 mod machine;
 mod matmul;
+mod memcpy;
 mod mlp;
+mod nccl;
 mod numpy;
+mod ranks;
 mod rss;
 mod table;
 mod timing;
@@ -26,8 +30,8 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ),
     (
         "bench-collectives",
-        "all-reduce bandwidth of the CPU collectives (not written yet)",
-        false,
+        "nccl-tests table of the CPU collectives, memcpy limit -> target/bench/collectives.json",
+        true,
     ),
     (
         "bench-mirrored",
@@ -81,6 +85,10 @@ fn usage() -> String {
         "\n`cargo xtask bench` flags:\n{}",
         bench_core::FLAGS_HELP
     ));
+    s.push_str(&format!(
+        "\n`cargo xtask bench-collectives` flags:\n{}",
+        bench_collectives::FLAGS_HELP
+    ));
     s
 }
 
@@ -96,6 +104,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Some("bench") => bench_core::run(&args[1..]),
+        Some("bench-collectives") => bench_collectives::run(&args[1..]),
         Some(cmd) => match COMMANDS.iter().find(|(name, _, _)| *name == cmd) {
             Some((_, _, false)) => Err(Failure::run(format!(
                 "xtask: `{cmd}` is not written yet (it comes with the collectives and the \

@@ -10,7 +10,8 @@ fn cell(v: &Value, digits: usize) -> String {
         .map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
 }
 
-fn mark(met: &Value) -> &'static str {
+/// `ok`, `MISSED` or `n/a` for a target's `met` (true, false, null).
+pub(crate) fn mark(met: &Value) -> &'static str {
     match met.as_bool() {
         Some(true) => "ok",
         Some(false) => "MISSED",

@@ -1,0 +1,344 @@
+//! The ranks of one benchmarked communicator group: one thread per communicator, spawned
+//! once per (backend, world size) and reused for every size, each owning its
+//! communicator and allocating the buffers of one size at a time.
+//!
+//! A job runs `warmup + iters` collectives on every rank. Before each one every rank
+//! passes the group's own barrier (spin-then-yield, so that the ranks leave it together;
+//! a parked barrier would add a wake-up of up to a millisecond here), then times the
+//! collective alone. The time of an iteration is the slowest rank's. Before the last
+//! iteration the inputs are written afresh and the outputs poisoned with NaN; after it
+//! every rank counts the elements that differ from the closed-form result (`#wrong`).
+//!
+//! The inputs are small integers whose sums over any number of ranks, in any order, are
+//! exact in f32 (as nccl-tests chooses its data), so the check is an equality.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use mirra::device::{Buffer, DType, Device};
+use mirra_collectives::{cpu_group, CollectiveError, Communicator, Config, ReduceOp};
+
+use crate::nccl::Op;
+
+/// The inputs repeat with this period (a power of two, so `%` is a mask).
+const PERIOD: usize = 1024;
+
+/// Rank `rank`'s input element `i`: a small positive integer.
+pub fn input(rank: usize, i: usize) -> f32 {
+    ((i % PERIOD) + rank + 1) as f32
+}
+
+/// The sum over ranks `0..n` of `input(r, i)`, in closed form: `n (i % P + 1) + n(n-1)/2`.
+/// At most `64 x 1088`, far below 2^24, so every partial sum is exact in f32.
+pub fn sum(n: usize, i: usize) -> f32 {
+    (n * (i % PERIOD + 1) + n * n.saturating_sub(1) / 2) as f32
+}
+
+/// The poison written into outputs before the checked iteration.
+const POISON: f32 = f32::NAN;
+
+/// What every rank runs for one row of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub op: Op,
+    /// The per-rank element count (nccl-tests' `count`).
+    pub count: usize,
+    pub warmup: usize,
+    /// Timed iterations (at least one).
+    pub iters: usize,
+}
+
+/// One rank's part of a job.
+#[derive(Debug)]
+struct RankResult {
+    /// Seconds of each timed iteration.
+    samples: Vec<f64>,
+    /// Elements that differ from the expected result after the last iteration.
+    wrong: u64,
+}
+
+/// A job's outcome over all ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// Seconds of each timed iteration: the slowest rank's.
+    pub seconds: Vec<f64>,
+    /// Wrong elements summed over ranks.
+    pub wrong: u64,
+}
+
+/// A rank's buffers for one job: `send` is empty for the in-place collectives.
+struct Buffers {
+    send: Buffer,
+    recv: Buffer,
+}
+
+fn f32s(buf: &mut Buffer) -> &mut [f32] {
+    buf.as_mut_slice::<f32>()
+        .expect("benchmark buffers are allocated as f32")
+}
+
+impl Buffers {
+    fn new(op: Op, count: usize, n: usize) -> Result<Buffers, String> {
+        let (send, recv) = match op {
+            Op::AllReduce | Op::Broadcast => (0, count),
+            Op::ReduceScatter => (count * n, count),
+            Op::AllGather => (count, count * n),
+        };
+        let alloc = |len| Buffer::alloc(DType::F32, len, Device::Cpu).map_err(|e| e.to_string());
+        Ok(Buffers {
+            send: alloc(send)?,
+            recv: alloc(recv)?,
+        })
+    }
+
+    /// Writes rank `me`'s inputs and poisons what the collective must overwrite.
+    fn fill(&mut self, op: Op, me: usize) {
+        match op {
+            Op::AllReduce => fill_with(f32s(&mut self.recv), |i| input(me, i)),
+            Op::ReduceScatter | Op::AllGather => {
+                fill_with(f32s(&mut self.send), |i| input(me, i));
+                f32s(&mut self.recv).fill(POISON);
+            }
+            Op::Broadcast if me == 0 => fill_with(f32s(&mut self.recv), |i| input(0, i)),
+            Op::Broadcast => f32s(&mut self.recv).fill(POISON),
+        }
+    }
+
+    fn call(&mut self, op: Op, comm: &dyn Communicator) -> Result<(), CollectiveError> {
+        match op {
+            Op::AllReduce => comm.all_reduce(&mut self.recv, ReduceOp::Sum),
+            Op::ReduceScatter => comm.reduce_scatter(&self.send, &mut self.recv, ReduceOp::Sum),
+            Op::AllGather => comm.all_gather(&self.send, &mut self.recv),
+            Op::Broadcast => comm.broadcast(&mut self.recv, 0),
+        }
+    }
+
+    /// Elements of the result that differ from the closed form.
+    fn wrong(&mut self, op: Op, me: usize, n: usize, count: usize) -> u64 {
+        wrong(op, me, n, count, f32s(&mut self.recv))
+    }
+}
+
+fn fill_with(xs: &mut [f32], f: impl Fn(usize) -> f32) {
+    for (i, x) in xs.iter_mut().enumerate() {
+        *x = f(i);
+    }
+}
+
+/// Elements of rank `me`'s result `out` of `op` at `n` ranks (per-rank `count`) that differ
+/// from the closed-form expected values.
+pub fn wrong(op: Op, me: usize, n: usize, count: usize, out: &[f32]) -> u64 {
+    let count = count.max(1);
+    match op {
+        Op::AllReduce => count_wrong(out, |i| sum(n, i)),
+        Op::ReduceScatter => count_wrong(out, |j| sum(n, me * count + j)),
+        Op::AllGather => count_wrong(out, |k| input(k / count, k % count)),
+        Op::Broadcast => count_wrong(out, |i| input(0, i)),
+    }
+}
+
+/// Elements `x[i]` that differ from `want(i)` (NaN differs from everything).
+fn count_wrong(xs: &[f32], want: impl Fn(usize) -> f32) -> u64 {
+    xs.iter()
+        .enumerate()
+        .map(|(i, &x)| u64::from(x != want(i)))
+        .sum()
+}
+
+/// Runs `job` on this rank.
+fn run_job(comm: &dyn Communicator, job: &Job) -> Result<RankResult, String> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let mut bufs = Buffers::new(job.op, job.count, n)?;
+    bufs.fill(job.op, me);
+    let total = job.warmup + job.iters.max(1);
+    let mut samples = Vec::with_capacity(job.iters);
+    for it in 0..total {
+        if it + 1 == total && it > 0 {
+            bufs.fill(job.op, me);
+        }
+        comm.barrier().map_err(|e| format!("barrier: {e}"))?;
+        let t = Instant::now();
+        bufs.call(job.op, comm).map_err(|e| e.to_string())?;
+        let dt = t.elapsed().as_secs_f64();
+        if it >= job.warmup {
+            samples.push(dt);
+        }
+    }
+    let wrong = bufs.wrong(job.op, me, n, job.count);
+    Ok(RankResult { samples, wrong })
+}
+
+type Reply = Result<RankResult, String>;
+
+fn rank_main(comm: Box<dyn Communicator>, jobs: Receiver<Job>, replies: Sender<Reply>) {
+    for job in jobs {
+        let result = run_job(&*comm, &job);
+        let failed = result.is_err();
+        // A failed rank leaves: its communicator is dropped, and the group is aborted.
+        if replies.send(result).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// A communicator group whose ranks wait on their threads for jobs.
+#[derive(Debug)]
+pub struct Group {
+    jobs: Vec<Sender<Job>>,
+    replies: Vec<Receiver<Reply>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Group {
+    /// Spawns the `world_size` ranks of `backend`.
+    pub fn spawn(backend: &str, world_size: usize, config: Config) -> Result<Group, String> {
+        let comms = cpu_group(backend, world_size, config).map_err(|e| e.to_string())?;
+        let mut group = Group {
+            jobs: Vec::with_capacity(world_size),
+            replies: Vec::with_capacity(world_size),
+            threads: Vec::with_capacity(world_size),
+        };
+        for comm in comms {
+            let (job_tx, job_rx) = channel();
+            let (reply_tx, reply_rx) = channel();
+            let name = format!("{backend}-rank{}", comm.rank());
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || rank_main(comm, job_rx, reply_tx))
+                .map_err(|e| format!("cannot spawn a rank thread: {e}"))?;
+            group.jobs.push(job_tx);
+            group.replies.push(reply_rx);
+            group.threads.push(thread);
+        }
+        Ok(group)
+    }
+
+    /// Runs `job` on every rank. After an error the group is unusable (it has been
+    /// aborted): drop it.
+    pub fn run(&self, job: Job) -> Result<Outcome, String> {
+        for (rank, tx) in self.jobs.iter().enumerate() {
+            tx.send(job)
+                .map_err(|_| format!("rank {rank} has left the group"))?;
+        }
+        let mut results = Vec::with_capacity(self.replies.len());
+        let mut first_error = None;
+        for (rank, rx) in self.replies.iter().enumerate() {
+            match rx.recv() {
+                Ok(Ok(r)) => results.push(r),
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(format!("rank {rank}: {e}"));
+                }
+                Err(_) => {
+                    first_error.get_or_insert(format!("rank {rank}'s thread panicked"));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(combine(&results))
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Closing the job channels ends the rank threads.
+        self.jobs.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Per iteration, the slowest rank's time; wrong elements summed.
+fn combine(results: &[RankResult]) -> Outcome {
+    let iters = results.iter().map(|r| r.samples.len()).min().unwrap_or(0);
+    Outcome {
+        seconds: (0..iters)
+            .map(|i| results.iter().map(|r| r.samples[i]).fold(0.0, f64::max))
+            .collect(),
+        wrong: results.iter().map(|r| r.wrong).sum(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn sums_are_closed_form_and_exact() {
+        for n in [1, 2, 3, 4, 8, 64] {
+            for i in [0, 1, 1023, 1024, 5000, 1 << 26] {
+                let direct: f32 = (0..n).map(|r| input(r, i)).sum();
+                let reversed: f32 = (0..n).rev().map(|r| input(r, i)).sum();
+                assert_eq!(sum(n, i), direct, "n={n} i={i}");
+                assert_eq!(direct, reversed);
+            }
+        }
+    }
+
+    #[test]
+    fn the_check_counts_wrong_elements() {
+        let (n, count) = (4, 5);
+        let mut ar: Vec<f32> = (0..count).map(|i| sum(n, i)).collect();
+        assert_eq!(wrong(Op::AllReduce, 0, n, count, &ar), 0);
+        ar[3] += 1.0;
+        ar[4] = f32::NAN;
+        assert_eq!(wrong(Op::AllReduce, 0, n, count, &ar), 2);
+
+        let rs: Vec<f32> = (0..count).map(|j| sum(n, 2 * count + j)).collect();
+        assert_eq!(wrong(Op::ReduceScatter, 2, n, count, &rs), 0);
+        assert_eq!(wrong(Op::ReduceScatter, 1, n, count, &rs), count as u64);
+
+        let mut ag: Vec<f32> = (0..n * count)
+            .map(|k| input(k / count, k % count))
+            .collect();
+        assert_eq!(wrong(Op::AllGather, 3, n, count, &ag), 0);
+        ag.swap(0, count);
+        assert_eq!(wrong(Op::AllGather, 3, n, count, &ag), 2);
+
+        let bc: Vec<f32> = (0..count).map(|i| input(0, i)).collect();
+        assert_eq!(wrong(Op::Broadcast, 1, n, count, &bc), 0);
+        assert_eq!(wrong(Op::Broadcast, 1, n, count, &[f32::NAN; 5]), 5);
+    }
+
+    #[test]
+    fn combine_takes_the_slowest_rank_per_iteration() {
+        let out = combine(&[
+            RankResult {
+                samples: vec![1.0, 5.0, 2.0],
+                wrong: 1,
+            },
+            RankResult {
+                samples: vec![3.0, 4.0, 2.5],
+                wrong: 2,
+            },
+        ]);
+        assert_eq!(out.seconds, vec![3.0, 5.0, 2.5]);
+        assert_eq!(out.wrong, 3);
+    }
+
+    #[test]
+    fn a_group_runs_every_op_and_checks_it() {
+        let config = Config::default().with_timeout(Duration::from_secs(20));
+        for backend in mirra_collectives::BACKENDS {
+            let group = Group::spawn(backend, 3, config.clone()).unwrap();
+            for op in Op::ALL {
+                // 1001 elements: not a multiple of the world size or of a slice.
+                let (_, count) = op.shape(4 * 3003, 4, 3);
+                let out = group
+                    .run(Job {
+                        op,
+                        count,
+                        warmup: 1,
+                        iters: 2,
+                    })
+                    .unwrap();
+                assert_eq!(out.seconds.len(), 2);
+                assert_eq!(out.wrong, 0, "{backend} {op:?}");
+            }
+        }
+    }
+}
