@@ -94,15 +94,20 @@ impl Algorithm for DoubleBinaryTree {
         // Next slice to reduce and to broadcast, per tree. A leaf has nothing to reduce.
         let mut red = [0usize; 2];
         let mut bc = [0usize; 2];
-        for (t, node) in trees.iter().enumerate() {
-            if node.children == [None, None] {
+        // A leaf's input is its reduced subtree from the rendezvous on, and nobody reads
+        // a leaf's progress: leaves publish nothing, and parents do not wait for them
+        // (every publish is a cache line that another core must fetch).
+        let is_leaf = |t: usize, rank: usize| dtree(n, rank)[t].children == [None, None];
+        for t in 0..2 {
+            if is_leaf(t, r) {
                 red[t] = slices;
-                ctx.publish(REDUCED + t, slices);
             }
         }
+        let waits_for: [[Option<usize>; 2]; 2] = std::array::from_fn(|t| {
+            trees[t].children.map(|c| c.filter(|&c| !is_leaf(t, c)))
+        });
         let children_ready = |t: usize, j: usize| {
-            trees[t]
-                .children
+            waits_for[t]
                 .iter()
                 .flatten()
                 .all(|&c| ctx.ready(c, REDUCED + t, j + 1))
@@ -159,7 +164,9 @@ impl Algorithm for DoubleBinaryTree {
                         };
                     }
                     bc[t] += 1;
-                    ctx.publish(FINAL + t, bc[t]);
+                    if !is_leaf(t, r) {
+                        ctx.publish(FINAL + t, bc[t]);
+                    }
                     progressed = true;
                 }
             }
@@ -174,7 +181,7 @@ impl Algorithm for DoubleBinaryTree {
                     let mut v: Vec<usize> = (0..2)
                         .flat_map(|t| {
                             let waits_children = red[t] < slices;
-                            let kids = trees[t].children.into_iter().flatten();
+                            let kids = waits_for[t].into_iter().flatten();
                             kids.filter(move |_| waits_children)
                                 .chain(trees[t].parent.filter(|_| bc[t] < slices))
                         })
