@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::{Logs, Result};
+use crate::{Logs, Model, Result};
 
 /// What a callback learns when training starts.
 #[derive(Clone, Debug, Default)]
@@ -29,25 +29,30 @@ pub enum Control {
 }
 
 /// A hook into `fit`. Every method has a default that does nothing.
+///
+/// Like Keras's `callback.model`, every hook gets the model being trained: a callback may
+/// read or replace its weights ([`Model::get_weights`], [`Model::set_weights`]), its
+/// optimizer's learning rate, or save it. Under a distribution strategy the model's
+/// methods act on every replica, so callbacks need not know about replicas.
 pub trait Callback: Send {
     /// Before the first epoch.
-    fn on_train_begin(&mut self, _info: &TrainInfo) -> Result<()> {
+    fn on_train_begin(&mut self, _info: &TrainInfo, _model: &mut Model) -> Result<()> {
         Ok(())
     }
     /// Before each epoch (0-based).
-    fn on_epoch_begin(&mut self, _epoch: usize) -> Result<()> {
+    fn on_epoch_begin(&mut self, _epoch: usize, _model: &mut Model) -> Result<()> {
         Ok(())
     }
     /// After each training step, with the running means of the epoch so far.
-    fn on_train_batch_end(&mut self, _step: usize, _logs: &Logs) -> Result<()> {
+    fn on_train_batch_end(&mut self, _step: usize, _logs: &Logs, _model: &mut Model) -> Result<()> {
         Ok(())
     }
     /// After each epoch, with its final logs (training and validation).
-    fn on_epoch_end(&mut self, _epoch: usize, _logs: &Logs) -> Result<Control> {
+    fn on_epoch_end(&mut self, _epoch: usize, _logs: &Logs, _model: &mut Model) -> Result<Control> {
         Ok(Control::Continue)
     }
     /// After the last epoch.
-    fn on_train_end(&mut self, _logs: &Logs) -> Result<()> {
+    fn on_train_end(&mut self, _logs: &Logs, _model: &mut Model) -> Result<()> {
         Ok(())
     }
 }
@@ -99,12 +104,12 @@ fn format_logs(logs: &Logs) -> String {
 }
 
 impl Callback for ProgbarLogger {
-    fn on_train_begin(&mut self, info: &TrainInfo) -> Result<()> {
+    fn on_train_begin(&mut self, info: &TrainInfo, _model: &mut Model) -> Result<()> {
         self.info = info.clone();
         Ok(())
     }
 
-    fn on_epoch_begin(&mut self, _epoch: usize) -> Result<()> {
+    fn on_epoch_begin(&mut self, _epoch: usize, _model: &mut Model) -> Result<()> {
         self.started = Some(Instant::now());
         if !self.quiet && std::io::stderr().is_terminal() {
             let bar = match self.info.steps_per_epoch {
@@ -121,7 +126,7 @@ impl Callback for ProgbarLogger {
         Ok(())
     }
 
-    fn on_train_batch_end(&mut self, step: usize, logs: &Logs) -> Result<()> {
+    fn on_train_batch_end(&mut self, step: usize, logs: &Logs, _model: &mut Model) -> Result<()> {
         if let Some(bar) = &self.bar {
             bar.set_position(step as u64 + 1);
             // Formatting every step would cost more than a small step: refresh sometimes.
@@ -132,7 +137,7 @@ impl Callback for ProgbarLogger {
         Ok(())
     }
 
-    fn on_epoch_end(&mut self, epoch: usize, logs: &Logs) -> Result<Control> {
+    fn on_epoch_end(&mut self, epoch: usize, logs: &Logs, _model: &mut Model) -> Result<Control> {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
@@ -158,12 +163,16 @@ mod tests {
     #[test]
     fn epoch_lines_follow_keras() {
         let mut p = ProgbarLogger::quiet();
-        p.on_train_begin(&TrainInfo {
-            epochs: 5,
-            ..TrainInfo::default()
-        })
+        let mut model = crate::testutil::tiny_model(1);
+        p.on_train_begin(
+            &TrainInfo {
+                epochs: 5,
+                ..TrainInfo::default()
+            },
+            &mut model,
+        )
         .unwrap();
-        p.on_epoch_begin(2).unwrap();
+        p.on_epoch_begin(2, &mut model).unwrap();
         let mut logs = Logs::new();
         for (n, v) in [
             ("loss", 0.21134),
@@ -173,7 +182,7 @@ mod tests {
         ] {
             logs.set(n, v);
         }
-        p.on_epoch_end(2, &logs).unwrap();
+        p.on_epoch_end(2, &logs, &mut model).unwrap();
         let line = &p.lines[0];
         assert!(line.starts_with("Epoch 3/5 - "), "{line}");
         assert!(

@@ -9,6 +9,8 @@ mod error;
 pub mod fsutil;
 mod logs;
 mod model;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 pub use callbacks::{Callback, Control, ProgbarLogger, TrainInfo};
 pub use error::TrainError;

@@ -102,6 +102,30 @@ impl Model {
         self.optimizer.as_mut()
     }
 
+    /// The weights by name (`dense/kernel`, ...), in the network's parameter order. The
+    /// tensors share their buffers with the model (the next update copies a shared
+    /// buffer before changing it), so they are a snapshot.
+    pub fn get_weights(&self) -> Vec<(String, Tensor)> {
+        let names = self.net.param_names().iter().cloned();
+        names.zip(self.net.params().iter().cloned()).collect()
+    }
+
+    /// Replace the weights (by position, checked against the network's shapes and dtypes).
+    pub fn set_weights(&mut self, weights: Vec<Tensor>) -> Result<()> {
+        self.net.set_params(weights)?;
+        Ok(())
+    }
+
+    /// The learning rate of the next update.
+    pub fn learning_rate(&self) -> f64 {
+        self.optimizer.learning_rate()
+    }
+
+    /// Set a constant learning rate from the next update on.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        self.optimizer.set_learning_rate(lr);
+    }
+
     /// One step of gradient descent on a batch: forward, backward, update.
     pub fn train_step(&mut self, x: Tensor, y: &Tensor) -> Result<StepOutput> {
         let (loss, output) = {
@@ -144,13 +168,13 @@ impl Model {
             steps_per_epoch: train.cardinality(),
         };
         for cb in callbacks.iter_mut() {
-            cb.on_train_begin(&info)?;
+            cb.on_train_begin(&info, self)?;
         }
         let mut history = History::default();
         let mut last = Logs::new();
         for epoch in config.initial_epoch..config.epochs {
             for cb in callbacks.iter_mut() {
-                cb.on_epoch_begin(epoch)?;
+                cb.on_epoch_begin(epoch, self)?;
             }
             let mut logs = self.train_epoch(train, epoch, callbacks)?;
             if let Some(val) = validation {
@@ -166,7 +190,7 @@ impl Model {
             history.push(epoch, &logs);
             let mut stop = false;
             for cb in callbacks.iter_mut() {
-                stop |= cb.on_epoch_end(epoch, &logs)? == Control::Stop;
+                stop |= cb.on_epoch_end(epoch, &logs, self)? == Control::Stop;
             }
             last = logs;
             if stop {
@@ -174,7 +198,7 @@ impl Model {
             }
         }
         for cb in callbacks.iter_mut() {
-            cb.on_train_end(&last)?;
+            cb.on_train_end(&last, self)?;
         }
         Ok(history)
     }
@@ -213,7 +237,7 @@ impl Model {
                 logs.set(m.name(), m.result());
             }
             for cb in callbacks.iter_mut() {
-                cb.on_train_batch_end(step, &logs)?;
+                cb.on_train_batch_end(step, &logs, self)?;
             }
         }
         let secs = start.elapsed().as_secs_f64();
@@ -283,5 +307,31 @@ fn split_batch(batch: Vec<Tensor>) -> Result<(Tensor, Tensor)> {
         _ => Err(TrainError::Invalid(format!(
             "training data must yield (inputs, labels); got elements of {n} tensor(s)"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testutil::{tiny_data, tiny_model};
+    use crate::FitConfig;
+
+    #[test]
+    fn fit_lowers_the_loss_and_callbacks_see_the_weights() {
+        let mut model = tiny_model(3);
+        let data = tiny_data(96, 16, 4);
+        let before = model.evaluate(&data).unwrap().get("loss").unwrap();
+        let config = FitConfig {
+            epochs: 20,
+            initial_epoch: 0,
+        };
+        let history = model.fit(&data, None, &config, &mut []).unwrap();
+        let after = model.evaluate(&data).unwrap().get("loss").unwrap();
+        assert!(after < before, "loss {before} -> {after}");
+        assert_eq!(history.epochs.len(), 20);
+        let w = model.get_weights();
+        assert_eq!(w[0].0, "dense/kernel");
+        assert_eq!(w[0].1.dims(), &[4, 8]);
+        model.set_learning_rate(0.5);
+        assert_eq!(model.learning_rate(), 0.5);
     }
 }

@@ -103,9 +103,8 @@ impl Algorithm for DoubleBinaryTree {
                 red[t] = slices;
             }
         }
-        let waits_for: [[Option<usize>; 2]; 2] = std::array::from_fn(|t| {
-            trees[t].children.map(|c| c.filter(|&c| !is_leaf(t, c)))
-        });
+        let waits_for: [[Option<usize>; 2]; 2] =
+            std::array::from_fn(|t| trees[t].children.map(|c| c.filter(|&c| !is_leaf(t, c))));
         let children_ready = |t: usize, j: usize| {
             waits_for[t]
                 .iter()
