@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use mirra_device::Buffer;
 
-use crate::{ReduceOp, Result};
+use crate::{Pending, ReduceOp, Result};
 
 /// The collectives, as named in errors and benchmark tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,7 +71,10 @@ impl fmt::Display for Collective {
 /// How a backend progresses a started collective is its own affair: the host-memory
 /// backends of this crate run it to completion inside `start_*` (see `docs/COLLECTIVES.md`
 /// for why that is the only sound choice for borrowed host buffers), device backends
-/// enqueue it on a stream and return at once.
+/// enqueue it on a stream and return at once. Collectives that must overlap with
+/// computation on host memory take ownership of their buffer instead
+/// ([`submit_all_reduce`](Communicator::submit_all_reduce)) and progress in the
+/// background.
 ///
 /// A communicator cannot be shared between threads:
 ///
@@ -123,6 +126,17 @@ pub trait Communicator: Send {
 
     /// Start a barrier: it completes on a rank once every rank has started it.
     fn start_barrier(&self) -> Result<Work<'_>>;
+
+    /// Submit an in-place all-reduce of a buffer that the collective owns until it is
+    /// complete, and return at once: the reduction progresses in the background (the CPU
+    /// backends on a per-rank progress thread, device backends on a stream) while the
+    /// caller computes, and [`Pending::wait`] hands the buffer back with the result. This
+    /// is the form that overlaps communication with computation (DDP's gradient buckets).
+    ///
+    /// Submitted collectives take their place in the rank's sequence when submitted: a
+    /// later `start_*` on this rank first waits for them. Errors (mismatches with other
+    /// ranks, timeouts, a rank gone) come from `wait`.
+    fn submit_all_reduce(&self, buf: Buffer, op: ReduceOp) -> Result<Pending>;
 
     /// Blocking [`start_all_reduce`](Communicator::start_all_reduce).
     fn all_reduce(&self, buf: &mut Buffer, op: ReduceOp) -> Result<()> {

@@ -855,6 +855,98 @@ fn several_in_flight(backend: &str) {
     }
 }
 
+/// Submitted all-reduces progress while the rank computes, interleave correctly with
+/// borrowed collectives (which wait for them), and give every rank the same bits as the
+/// blocking form.
+fn submitted(backend: &str) {
+    let results = on_ranks(group(backend, 4), |c| {
+        let r = c.rank();
+        let mut rng = Rng(7 + r as u64);
+        let inputs: Vec<Vec<f32>> = [1usize, 1000, 70_000, 0, 4097]
+            .iter()
+            .map(|&len| (0..len).map(|_| rng.unit() as f32 - 0.5).collect())
+            .collect();
+        let pending: Vec<_> = inputs
+            .iter()
+            .map(|v| c.submit_all_reduce(buf(v), ReduceOp::Sum).unwrap())
+            .collect();
+        // The caller computes meanwhile; a borrowed collective waits for the submitted ones.
+        let mut b = buf(&[r as i32; 5]);
+        c.all_reduce(&mut b, ReduceOp::Max).unwrap();
+        let submitted: Vec<Vec<f32>> = pending
+            .into_iter()
+            .map(|p| p.wait().unwrap().as_slice::<f32>().unwrap().to_vec())
+            .collect();
+        let blocking: Vec<Vec<f32>> = inputs
+            .iter()
+            .map(|v| {
+                let mut x = buf(v);
+                c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                x.as_slice::<f32>().unwrap().to_vec()
+            })
+            .collect();
+        // A Pending dropped unwaited still completes on every rank.
+        drop(
+            c.submit_all_reduce(buf(&[1.0f64; 8]), ReduceOp::Sum)
+                .unwrap(),
+        );
+        let p = c
+            .submit_all_reduce(buf(&[r as f64; 3]), ReduceOp::Mean)
+            .unwrap();
+        let last = p.wait().unwrap().as_slice::<f64>().unwrap().to_vec();
+        (
+            b.as_slice::<i32>().unwrap().to_vec(),
+            submitted,
+            blocking,
+            last,
+        )
+    });
+    let first = &results[0];
+    for (max, submitted, blocking, last) in &results {
+        assert_eq!(max, &[3; 5]);
+        assert_eq!(submitted, blocking, "submitted and blocking differ");
+        assert_eq!(submitted, &first.1, "ranks differ");
+        assert_eq!(last, &[1.5; 3]);
+    }
+}
+
+/// A submitted collective's errors come from `wait`: mismatched lengths on every rank
+/// (the group goes on), then a rank that leaves fails the others' submitted calls.
+fn submitted_errors(backend: &str) {
+    let results = on_ranks(group(backend, 3), |c| {
+        let len = if c.rank() == 2 { 5 } else { 4 };
+        let p = c
+            .submit_all_reduce(buf(&vec![1.0f32; len]), ReduceOp::Sum)
+            .unwrap();
+        let mismatch = p.wait().unwrap_err();
+        c.barrier().unwrap();
+        if c.rank() == 0 {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(c);
+            return (mismatch, None);
+        }
+        let t = Instant::now();
+        let gone = c
+            .submit_all_reduce(buf(&[1.0f32; 10]), ReduceOp::Sum)
+            .unwrap()
+            .wait();
+        assert!(t.elapsed() < Duration::from_secs(5));
+        (mismatch, Some(gone.unwrap_err()))
+    });
+    for (mismatch, gone) in results {
+        assert!(
+            matches!(mismatch, CollectiveError::LengthMismatch { rank: 2, .. }),
+            "{mismatch}"
+        );
+        if let Some(e) = gone {
+            assert!(
+                matches!(e, CollectiveError::RankGone { rank: 0, .. }),
+                "{e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_backend_runs_the_suite() {
     // Adding a backend to BACKENDS without adding it to `suite!` below fails here.
@@ -941,6 +1033,14 @@ macro_rules! suite {
             #[test]
             fn several_collectives_in_flight() {
                 several_in_flight($backend);
+            }
+            #[test]
+            fn submitted_collectives_progress_in_the_background() {
+                submitted($backend);
+            }
+            #[test]
+            fn submitted_collectives_report_errors_on_wait() {
+                submitted_errors($backend);
             }
         }
     )*};

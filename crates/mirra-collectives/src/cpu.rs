@@ -12,8 +12,16 @@
 //!
 //! On a timeout, an abort or a dead peer, the rank aborts the group (recording the first
 //! cause) and waits until no peer is inside a data phase before it returns the error.
+//!
+//! Collectives on borrowed buffers (`start_*`) run on the caller's thread and complete
+//! before `start_*` returns: a borrowed buffer may be freed as soon as the borrow ends
+//! (`mem::forget` of the `Work` ends it without running any code), so no other thread may
+//! touch it after `start_*` returns. Collectives on owned buffers (`submit_*`) run on the
+//! rank's [`Progress`] thread; a `start_*` first waits for them, so every rank runs its
+//! collectives in the order it started them.
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +29,8 @@ use mirra_device::{Buffer, Device};
 
 use crate::algo::{self, BACKENDS};
 use crate::comm::{AbortHandle, Communicator, Work};
+use crate::pending::Pending;
+use crate::progress::Progress;
 use crate::reduce::SUPPORTED_DTYPES;
 use crate::transport::{Cause, Ctx, Desc, Group, Stop, MAX_WORLD_SIZE};
 use crate::{Collective, CollectiveError, Config, ReduceOp, Result};
@@ -47,21 +57,33 @@ pub fn cpu_group(
     Ok((0..world_size)
         .map(|rank| {
             Box::new(CpuCommunicator {
-                group: Arc::clone(&group),
-                rank,
-                seq: Cell::new(0),
+                rank: Arc::new(Rank {
+                    group: Arc::clone(&group),
+                    rank,
+                    seq: AtomicU64::new(0),
+                }),
+                progress: RefCell::new(None),
             }) as Box<dyn Communicator>
         })
         .collect())
 }
 
-/// One rank of a [`cpu_group`]. `Send` (it holds an `Arc` of the shared state and plain
-/// numbers) but not `Sync` (the sequence counter is a `Cell`): one thread at a time.
+/// One rank of a [`cpu_group`]. `Send` but not `Sync` (the `RefCell`): one thread at a
+/// time calls it, and its progress thread runs the submitted collectives.
 struct CpuCommunicator {
+    rank: Arc<Rank>,
+    /// Started on the first `submit_*`.
+    progress: RefCell<Option<Progress>>,
+}
+
+/// What runs one rank's collectives: the caller's thread or, for submitted ones, the
+/// progress thread, never both at once (a `start_*` waits until the progress thread is
+/// idle, and only the caller's thread submits).
+struct Rank {
     group: Arc<Group>,
     rank: usize,
     /// Sequence number of the last collective this rank started.
-    seq: Cell<u64>,
+    seq: AtomicU64,
 }
 
 /// Armed while a collective runs. Dropped armed only when the thread unwinds out of the
@@ -90,7 +112,7 @@ impl Drop for OpGuard<'_> {
     }
 }
 
-impl CpuCommunicator {
+impl Rank {
     /// Run one collective to completion (see the module documentation).
     fn run(&self, desc: Desc) -> Result<()> {
         let g = &*self.group;
@@ -98,8 +120,9 @@ impl CpuCommunicator {
         if g.is_aborted() {
             return Err(g.cause_error(kind));
         }
-        let seq = self.seq.get() + 1;
-        self.seq.set(seq);
+        // Only one thread runs this rank's collectives at a time (see `Rank`).
+        let seq = self.seq.load(Ordering::Relaxed) + 1;
+        self.seq.store(seq, Ordering::Relaxed);
         let timeout = g.config.timeout;
         let start = Instant::now();
         let deadline = start
@@ -166,10 +189,15 @@ impl CpuCommunicator {
         guard.disarm();
         g.cause_error(kind)
     }
+}
 
+impl CpuCommunicator {
     fn start(&self, desc: Desc) -> Result<Work<'_>> {
+        if let Some(p) = &*self.progress.borrow() {
+            p.drain();
+        }
         let kind = desc.kind;
-        self.run(desc).map(|()| Work::completed(kind))
+        self.rank.run(desc).map(|()| Work::completed(kind))
     }
 }
 
@@ -208,19 +236,33 @@ fn send_recv(kind: Collective, send: &Buffer, recv: &mut Buffer, op: ReduceOp) -
 
 impl Communicator for CpuCommunicator {
     fn rank(&self) -> usize {
-        self.rank
+        self.rank.rank
     }
     fn world_size(&self) -> usize {
-        self.group.world_size()
+        self.rank.group.world_size()
     }
     fn backend(&self) -> &'static str {
-        self.group.algo.name()
+        self.rank.group.algo.name()
     }
     fn timeout(&self) -> Duration {
-        self.group.config.timeout
+        self.rank.group.config.timeout
     }
     fn abort_handle(&self) -> AbortHandle {
-        AbortHandle::new(self.group.clone())
+        AbortHandle::new(self.rank.group.clone())
+    }
+
+    fn submit_all_reduce(&self, mut buf: Buffer, op: ReduceOp) -> Result<Pending> {
+        let kind = Collective::AllReduce;
+        let mut progress = self.progress.borrow_mut();
+        if progress.is_none() {
+            *progress = Some(Progress::spawn(self.rank.rank, kind)?);
+        }
+        let rank = Arc::clone(&self.rank);
+        let job = Box::new(move || {
+            rank.run(inplace(kind, &mut buf, op, 0))?;
+            Ok(buf)
+        });
+        Ok(progress.as_ref().expect("started above").submit(kind, job))
     }
 
     fn start_all_reduce<'b>(&'b self, buf: &'b mut Buffer, op: ReduceOp) -> Result<Work<'b>> {
@@ -260,11 +302,13 @@ impl Communicator for CpuCommunicator {
 
 impl Drop for CpuCommunicator {
     /// A rank that leaves makes every pending and later call of the others fail with
-    /// [`CollectiveError::RankGone`] naming it. No collective of this rank is running (they
-    /// complete inside `start_*`, and the communicator is not `Sync`), so none of its
-    /// buffers is exposed.
+    /// [`CollectiveError::RankGone`] naming it. Submitted collectives are run first (the
+    /// others expect them; each has a deadline); after that no collective of this rank is
+    /// running (borrowed ones complete inside `start_*`), so none of its buffers is
+    /// exposed.
     fn drop(&mut self) {
-        self.group.abort_with(Cause::RankGone(self.rank));
+        drop(self.progress.get_mut().take());
+        self.rank.group.abort_with(Cause::RankGone(self.rank.rank));
     }
 }
 

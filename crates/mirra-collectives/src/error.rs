@@ -197,6 +197,17 @@ pub enum CollectiveError {
         /// The rank that left.
         rank: usize,
     },
+    /// The background thread that progresses submitted collectives could not be started,
+    /// or died; the group is aborted.
+    #[error("{op}: rank {rank}'s progress thread failed: {reason}")]
+    ProgressThread {
+        /// The collective that failed.
+        op: Collective,
+        /// The rank whose thread failed.
+        rank: usize,
+        /// What the operating system or the thread reported.
+        reason: String,
+    },
     /// The group was aborted through an [`AbortHandle`](crate::AbortHandle).
     #[error("{op}: the group was aborted")]
     Aborted {
@@ -214,6 +225,7 @@ impl CollectiveError {
             CollectiveError::Timeout { .. }
                 | CollectiveError::RankGone { .. }
                 | CollectiveError::Aborted { .. }
+                | CollectiveError::ProgressThread { .. }
         )
     }
 }

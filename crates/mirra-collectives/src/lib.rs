@@ -37,6 +37,8 @@ mod comm;
 mod config;
 mod cpu;
 mod error;
+mod pending;
+mod progress;
 mod reduce;
 pub mod reference;
 mod transport;
@@ -51,6 +53,7 @@ pub use config::{
 };
 pub use cpu::cpu_group;
 pub use error::CollectiveError;
+pub use pending::Pending;
 pub use reduce::{ReduceOp, SUPPORTED_DTYPES};
 pub use transport::MAX_WORLD_SIZE;
 

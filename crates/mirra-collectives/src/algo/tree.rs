@@ -98,9 +98,9 @@ impl Algorithm for DoubleBinaryTree {
         // a leaf's progress: leaves publish nothing, and parents do not wait for them
         // (every publish is a cache line that another core must fetch).
         let is_leaf = |t: usize, rank: usize| dtree(n, rank)[t].children == [None, None];
-        for t in 0..2 {
+        for (t, done) in red.iter_mut().enumerate() {
             if is_leaf(t, r) {
-                red[t] = slices;
+                *done = slices;
             }
         }
         let waits_for: [[Option<usize>; 2]; 2] =
