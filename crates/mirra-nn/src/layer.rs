@@ -29,8 +29,10 @@ pub struct ForwardCtx<'a> {
     pub dtype: DType,
 }
 
-/// A building block of a [`Sequential`](crate::Sequential) model.
-pub trait Layer: Send + Sync + fmt::Debug {
+/// A building block of a [`Sequential`](crate::Sequential) model. Layers hold their
+/// configuration only (the model owns the parameters), so they are cheap to clone; any
+/// `Clone` layer gets [`LayerClone`] for free.
+pub trait Layer: Send + Sync + fmt::Debug + LayerClone {
     /// The kind, from which the model derives unique names (`dense`, `dense_1`, ...).
     fn kind(&self) -> &'static str;
 
@@ -56,5 +58,24 @@ pub trait Layer: Send + Sync + fmt::Debug {
         _ctx: &mut ForwardCtx<'_>,
     ) -> Result<Option<Var<'t>>> {
         Ok(None)
+    }
+}
+
+/// Cloning of boxed layers (one copy of the model per replica). Implemented for every
+/// `Layer + Clone`.
+pub trait LayerClone {
+    /// A boxed copy of this layer.
+    fn clone_box(&self) -> Box<dyn Layer>;
+}
+
+impl<T: Layer + Clone + 'static> LayerClone for T {
+    fn clone_box(&self) -> Box<dyn Layer> {
+        Box::new(self.clone())
+    }
+}
+
+impl Clone for Box<dyn Layer> {
+    fn clone(&self) -> Self {
+        self.clone_box()
     }
 }

@@ -11,11 +11,12 @@ mod layer;
 mod layers;
 pub mod loss;
 pub mod metrics;
+pub mod scope;
 mod sequential;
 
 pub use activation::Activation;
 pub use error::NnError;
-pub use layer::{ForwardCtx, Layer, ParamSpec};
+pub use layer::{ForwardCtx, Layer, LayerClone, ParamSpec};
 pub use layers::{Dense, Dropout, Flatten};
 pub use loss::{
     CategoricalCrossentropy, Loss, MeanSquaredError, Reduction, SparseCategoricalCrossentropy,

@@ -8,7 +8,10 @@ use crate::{ForwardCtx, Layer, NnError, Result};
 ///
 /// After [`Sequential::build`], the model owns every parameter in one flat list, in
 /// layer order, each with a stable name (`dense/kernel`, `dense_1/kernel`, ...).
-#[derive(Debug)]
+///
+/// Cloning shares the parameter buffers (an optimizer copies a shared buffer before
+/// updating it, so the clones stay independent).
+#[derive(Clone, Debug)]
 pub struct Sequential {
     layers: Vec<Box<dyn Layer>>,
     names: Vec<String>,
@@ -19,6 +22,8 @@ pub struct Sequential {
     output: Vec<usize>,
     dtype: DType,
     built: bool,
+    /// The variable scope ([`crate::scope`]) the parameters were created in.
+    scope: Option<u64>,
 }
 
 /// The result of a forward pass: the model's output and, when the last layer ends in a
@@ -43,6 +48,7 @@ impl Sequential {
             output: vec![],
             dtype: DType::F32,
             built: false,
+            scope: None,
         }
     }
 
@@ -82,7 +88,14 @@ impl Sequential {
         }
         (self.names, self.params, self.ranges) = (names, params, ranges);
         (self.input, self.output, self.dtype, self.built) = (input.to_vec(), shape, dtype, true);
+        self.scope = crate::scope::current();
         Ok(())
+    }
+
+    /// The variable scope ([`crate::scope`]) the parameters were created in: a
+    /// distribution strategy's id, or `None` for a model built outside every scope.
+    pub fn variable_scope(&self) -> Option<u64> {
+        self.scope
     }
 
     /// The parameters, in their stable order.

@@ -42,7 +42,7 @@ use crate::{LearningRateSchedule, Result};
 /// [`Adam::default`] uses Keras's learning rate 0.001. The betas must lie in `[0, 1)`,
 /// ε must be finite and `> 0`, the weight decay finite and `>= 0`; they are checked at
 /// each step (and by [`Optimizer::validate`](crate::Optimizer::validate)).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Adam {
     core: Core,
     beta1: f64,
@@ -249,7 +249,7 @@ impl Rule for Adam {
 /// 0.004; PyTorch's `torch.optim.AdamW` defaults to 0.01 (and ε 1e-8 in its placement,
 /// see [`Adam`]): call `.weight_decay(0.01)` to match its defaults. State slots are
 /// Adam's (`"m"`, `"v"`, `"vhat"`).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct AdamW {
     inner: Adam,
 }

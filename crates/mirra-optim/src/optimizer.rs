@@ -8,6 +8,7 @@
 //! the one implementation of [`Optimizer`] for every [`Rule`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use mirra_tensor::{DType, Device, Element, FloatElement, Tensor, TensorError};
 
@@ -62,6 +63,10 @@ pub trait Optimizer: Send + fmt::Debug {
     /// parameters at the next step; state of another float dtype is converted then.
     fn load_state(&mut self, state: &[(String, Tensor)]) -> Result<()>;
 
+    /// An independent copy with the same configuration and state (one per replica of a
+    /// mirrored model).
+    fn box_clone(&self) -> Box<dyn Optimizer>;
+
     /// The optimizer's name (`"sgd"`, `"adam"`, `"adamw"`, `"rmsprop"`).
     fn name(&self) -> &'static str;
 
@@ -75,7 +80,7 @@ pub trait Optimizer: Send + fmt::Debug {
 /// What one optimizer adds to the bookkeeping every optimizer shares: the checks of its
 /// hyperparameters, the slots its configuration keeps, the scalars of a step and the
 /// element-wise kernel. [`Optimizer`] is implemented once for every `Rule`, below.
-pub(crate) trait Rule: Send + fmt::Debug {
+pub(crate) trait Rule: Clone + Send + fmt::Debug + 'static {
     /// The step's scalars, computed in f64 by [`Rule::coeffs`]; [`Rule::update`] rounds
     /// them to the accumulation type once per parameter.
     type Coeffs: Copy;
@@ -145,6 +150,10 @@ impl<R: Rule> Optimizer for R {
         self.core_mut().load_state(state, slot_names)
     }
 
+    fn box_clone(&self) -> Box<dyn Optimizer> {
+        Box::new(self.clone())
+    }
+
     fn name(&self) -> &'static str {
         self.core().name
     }
@@ -167,11 +176,13 @@ fn update_param<R: Rule, T: FloatElement>(
 }
 
 /// The state every optimizer keeps besides its hyperparameters.
-#[derive(Debug)]
+/// Cloning shares the schedule (it is immutable) and the slot buffers (the next step
+/// copies a shared buffer before updating it), so a clone is an independent optimizer.
+#[derive(Clone, Debug)]
 pub(crate) struct Core {
     /// The optimizer's name, used in every error.
     pub(crate) name: &'static str,
-    schedule: Box<dyn LearningRateSchedule>,
+    schedule: Arc<dyn LearningRateSchedule>,
     iterations: u64,
     /// Per parameter, its slot tensors in the order of the optimizer's slot names. Empty
     /// until the first step or a load.
@@ -183,7 +194,7 @@ impl Core {
     pub(crate) fn new(name: &'static str, lr: f64) -> Core {
         Core {
             name,
-            schedule: Box::new(Constant(lr)),
+            schedule: Arc::new(Constant(lr)),
             iterations: 0,
             slots: Vec::new(),
         }
@@ -191,7 +202,7 @@ impl Core {
 
     /// Replace the schedule.
     pub(crate) fn set_schedule(&mut self, schedule: Box<dyn LearningRateSchedule>) {
-        self.schedule = schedule;
+        self.schedule = Arc::from(schedule);
     }
 
     /// The rate of the next step.
@@ -201,7 +212,7 @@ impl Core {
 
     /// Replace the schedule by a constant.
     fn set_learning_rate(&mut self, lr: f64) {
-        self.schedule = Box::new(Constant(lr));
+        self.schedule = Arc::new(Constant(lr));
     }
 
     /// Updates applied so far.

@@ -40,7 +40,7 @@ const NAME: &str = "rmsprop";
 /// Defaults (Keras): ρ 0.9, μ 0, ε 1e-7, not centered, no weight decay;
 /// [`RmsProp::default`] uses Keras's learning rate 0.001. ρ must lie in `[0, 1)`, μ in
 /// `[0, 1]`, ε finite and `> 0`, the weight decay finite and `>= 0`.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct RmsProp {
     core: Core,
     rho: f64,

@@ -13,7 +13,7 @@ use crate::optimizer::{check_non_negative, check_range};
 use crate::{OptimError, Result};
 
 /// A learning rate that depends on the number of updates applied so far.
-pub trait LearningRateSchedule: Send + fmt::Debug {
+pub trait LearningRateSchedule: Send + Sync + fmt::Debug {
     /// The rate for the update made after `step` updates (0 for the first update).
     fn lr(&self, step: u64) -> f64;
 }

@@ -38,7 +38,7 @@ const NAME: &str = "sgd";
 /// Defaults (Keras): momentum 0, no Nesterov, no weight decay; [`Sgd::default`] uses
 /// Keras's learning rate 0.01. Momentum must lie in `[0, 1]`; Nesterov without momentum
 /// is plain SGD, as in Keras.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Sgd {
     core: Core,
     momentum: f64,

@@ -162,6 +162,33 @@ impl Tensor {
         Ok(&self.buffer.as_slice::<T>()?[start..start + self.elem_count()])
     }
 
+    /// The bytes of a contiguous tensor's elements, in row-major order; an error for a
+    /// strided view.
+    pub fn as_bytes(&self) -> Result<&[u8]> {
+        if !self.is_contiguous() {
+            return Err(TensorError::Invalid {
+                op: "as_bytes",
+                msg: "tensor is a strided view; call contiguous() first".into(),
+                shape: *self.shape(),
+            });
+        }
+        let size = self.dtype().size_in_bytes();
+        let start = self.layout.offset() * size;
+        Ok(&self.buffer.as_bytes()[start..start + self.elem_count() * size])
+    }
+
+    /// The buffer itself when this tensor is its only owner and views all of it in order
+    /// (no copy); otherwise the tensor, unchanged. Lets a caller hand a buffer out as a
+    /// tensor and take it back for reuse once every view of it is gone.
+    pub fn into_buffer(self) -> std::result::Result<Buffer, Tensor> {
+        let whole = self.layout.offset() == 0 && self.elem_count() == self.buffer.len();
+        if !(self.is_contiguous() && whole) {
+            return Err(self);
+        }
+        let Tensor { buffer, layout } = self;
+        Arc::try_unwrap(buffer).map_err(|buffer| Tensor { buffer, layout })
+    }
+
     /// The elements, mutably. Makes the tensor contiguous and its buffer unshared first
     /// (copying when needed), so the write is seen by this tensor alone.
     pub fn data_mut<T: Element>(&mut self) -> Result<&mut [T]> {
@@ -297,5 +324,27 @@ mod tests {
             .to_dtype(DType::I64)
             .unwrap();
         assert_eq!(f.to_vec::<i64>().unwrap(), vec![1, 200, 3]);
+    }
+
+    #[test]
+    fn into_buffer_gives_back_an_unshared_whole_buffer_only() {
+        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4], Device::Cpu).unwrap();
+        let view = a.narrow(0, 1, 2).unwrap();
+        assert_eq!(view.as_bytes().unwrap(), bytes_of(&[2.0f32, 3.0]));
+        let a = a.into_buffer().expect_err("a view still shares it");
+        let view = view.into_buffer().expect_err("a part is not the buffer");
+        drop(view);
+        let square = a.reshape(&[2, 2]).unwrap();
+        drop(a);
+        let b = square.into_buffer().unwrap();
+        assert_eq!(b.as_slice::<f32>().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+        let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], Device::Cpu).unwrap();
+        let strided = t.transpose(0, 1).unwrap();
+        assert!(strided.as_bytes().is_err());
+        assert!(strided.into_buffer().is_err());
+    }
+
+    fn bytes_of(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
     }
 }

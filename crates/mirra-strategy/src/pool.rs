@@ -1,0 +1,172 @@
+//! The replicas' threads: one long-lived thread per replica, each owning its
+//! communicator, that runs the step the strategy broadcasts to all of them.
+//!
+//! [`ReplicaPool::run`] lends a closure that borrows the caller's data to every thread and
+//! returns only when every thread has finished with it (a panicking step is caught on its
+//! thread and reported after the others finish), which is what makes lending a borrowed
+//! closure to other threads sound.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use mirra_collectives::Communicator;
+
+use crate::{Result, StrategyError};
+
+/// What a replica's step sees: which replica it is, and its communicator.
+pub struct ReplicaContext<'a> {
+    /// This replica's id, `0..num_replicas`.
+    pub replica_id: usize,
+    /// The number of replicas in sync.
+    pub num_replicas: usize,
+    /// This replica's endpoint of the strategy's collective group.
+    pub comm: &'a dyn Communicator,
+}
+
+impl std::fmt::Debug for ReplicaContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaContext")
+            .field("replica_id", &self.replica_id)
+            .field("num_replicas", &self.num_replicas)
+            .field("backend", &self.comm.backend())
+            .finish()
+    }
+}
+
+type Step<'a> = dyn Fn(&ReplicaContext<'_>) + Sync + 'a;
+
+/// A step lent to a replica thread, with its lifetime erased (see [`ReplicaPool::run`]).
+struct Job {
+    step: *const Step<'static>,
+    done: Arc<Latch>,
+}
+
+// SAFETY: the step is `Sync`, so calling it from another thread is allowed; `run` keeps
+// it alive until every thread has counted the latch down.
+unsafe impl Send for Job {}
+
+/// Counts finished replicas and records their panics.
+struct Latch {
+    state: Mutex<(usize, Vec<(usize, String)>)>,
+    all_done: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Latch {
+    fn count_down(&self, replica: usize, panic: Option<String>) {
+        let mut s = lock(&self.state);
+        s.0 -= 1;
+        if let Some(message) = panic {
+            s.1.push((replica, message));
+        }
+        if s.0 == 0 {
+            self.all_done.notify_all();
+        }
+    }
+}
+
+/// One thread per replica.
+pub(crate) struct ReplicaPool {
+    senders: Vec<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ReplicaPool {
+    /// Start one thread per communicator; replica `r` owns `comms[r]` and computes with
+    /// `kernel_threads` threads.
+    pub(crate) fn spawn(comms: Vec<Box<dyn Communicator>>, kernel_threads: usize) -> Result<Self> {
+        let n = comms.len();
+        let mut pool = ReplicaPool {
+            senders: Vec::with_capacity(n),
+            threads: Vec::with_capacity(n),
+        };
+        for (replica, comm) in comms.into_iter().enumerate() {
+            let (tx, rx) = channel::<Job>();
+            let thread = std::thread::Builder::new()
+                .name(format!("mirra-replica-{replica}"))
+                .spawn(move || {
+                    mirra_tensor::set_num_threads(kernel_threads);
+                    let ctx = ReplicaContext {
+                        replica_id: replica,
+                        num_replicas: n,
+                        comm: comm.as_ref(),
+                    };
+                    for job in rx {
+                        // SAFETY: `run` waits for this count-down before the step's
+                        // borrow ends.
+                        let step = unsafe { &*job.step };
+                        let panic = catch_unwind(AssertUnwindSafe(|| step(&ctx)))
+                            .err()
+                            .map(|p| panic_message(p.as_ref()));
+                        job.done.count_down(replica, panic);
+                    }
+                })
+                .map_err(|e| StrategyError::Spawn {
+                    replica,
+                    reason: e.to_string(),
+                })?;
+            pool.senders.push(tx);
+            pool.threads.push(thread);
+        }
+        Ok(pool)
+    }
+
+    /// The number of replicas.
+    pub(crate) fn len(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// Run `step` once on every replica thread, in parallel, and wait for all of them.
+    pub(crate) fn run(&self, step: &Step<'_>) -> Result<()> {
+        let n = self.senders.len();
+        let done = Arc::new(Latch {
+            state: Mutex::new((n, vec![])),
+            all_done: Condvar::new(),
+        });
+        // SAFETY: only the lifetime is erased; we return only after every thread that
+        // received the step has counted down, i.e. finished calling it.
+        let erased: *const Step<'static> =
+            unsafe { std::mem::transmute::<*const Step<'_>, *const Step<'static>>(step) };
+        for (replica, tx) in self.senders.iter().enumerate() {
+            let job = Job {
+                step: erased,
+                done: Arc::clone(&done),
+            };
+            if tx.send(job).is_err() {
+                done.count_down(replica, Some("its thread has exited".into()));
+            }
+        }
+        let mut s = lock(&done.state);
+        while s.0 > 0 {
+            s = done.all_done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        match s.1.iter().min_by_key(|(r, _)| *r) {
+            Some((replica, message)) => Err(StrategyError::ReplicaPanicked {
+                replica: *replica,
+                message: message.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ReplicaPool {
+    fn drop(&mut self) {
+        self.senders.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic".into())
+}

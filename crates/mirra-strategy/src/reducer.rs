@@ -1,0 +1,400 @@
+//! DDP-style gradient synchronisation: gradients grouped into buckets, each bucket's
+//! all-reduce submitted as soon as all of its gradients are ready during backward.
+//!
+//! Buckets are laid out once, from the parameters in reverse order (the order in which
+//! backward produces their gradients: last layer first), up to `bucket_bytes` each and
+//! one dtype per bucket. During backward, [`GradientReducer::grad_ready`] copies each
+//! gradient into its bucket; when a bucket is complete it is submitted
+//! ([`Communicator::submit_all_reduce`]), always in bucket order so that every replica
+//! submits the same collectives in the same order, and the replica's progress thread
+//! reduces it while backward goes on. [`GradientReducer::finish`] submits what is left,
+//! waits for every bucket and hands out the summed gradients as views of the bucket
+//! buffers (no copy); [`GradientReducer::reclaim`] takes the buffers back after the
+//! optimizer step, so a warmed-up step allocates no buffer.
+//!
+//! Gradient accumulation (DDP's `no_sync`): a step begun with `sync == false` only adds
+//! the gradients to local accumulators; the next synchronised step adds them in before
+//! its buckets are reduced.
+
+use mirra_collectives::{Communicator, Pending, ReduceOp};
+use mirra_device::{Buffer, DType, Device};
+use mirra_tensor::Tensor;
+
+use crate::{Result, StrategyError};
+
+/// PyTorch DDP's default bucket size (`bucket_cap_mb = 25`).
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// Where a parameter's gradient lives in the buckets.
+#[derive(Debug)]
+struct Slot {
+    bucket: usize,
+    /// Element offset in the bucket.
+    offset: usize,
+    dims: Vec<usize>,
+    ready: bool,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    dtype: DType,
+    /// Elements.
+    len: usize,
+    /// Gradients still to arrive this step.
+    missing: usize,
+    params: usize,
+    /// The flat buffer while it is being filled.
+    storage: Option<Buffer>,
+    pending: Option<Pending>,
+    /// The reduced buffer, lent out as gradient views until `reclaim`.
+    reduced: Option<Tensor>,
+}
+
+/// One replica's gradient buckets (see the module documentation).
+#[derive(Debug)]
+pub struct GradientReducer {
+    slots: Vec<Slot>,
+    buckets: Vec<Bucket>,
+    next_submit: usize,
+    sync: bool,
+    /// Local gradient sums of unsynchronised micro-steps, per parameter.
+    acc: Vec<Option<Tensor>>,
+}
+
+impl GradientReducer {
+    /// Buckets for gradients shaped like `params`, each at most `bucket_bytes` (a
+    /// parameter larger than that gets a bucket of its own).
+    pub fn new(params: &[Tensor], bucket_bytes: usize) -> GradientReducer {
+        let mut slots: Vec<Option<Slot>> = (0..params.len()).map(|_| None).collect();
+        let mut buckets: Vec<Bucket> = vec![];
+        for (i, p) in params.iter().enumerate().rev() {
+            let (dtype, len) = (p.dtype(), p.elem_count());
+            let fits = buckets.last().is_some_and(|b| {
+                b.dtype == dtype && (b.len + len) * dtype.size_in_bytes() <= bucket_bytes
+            });
+            if !fits {
+                buckets.push(Bucket {
+                    dtype,
+                    len: 0,
+                    missing: 0,
+                    params: 0,
+                    storage: None,
+                    pending: None,
+                    reduced: None,
+                });
+            }
+            let b = buckets.len() - 1;
+            let bucket = &mut buckets[b];
+            slots[i] = Some(Slot {
+                bucket: b,
+                offset: bucket.len,
+                dims: p.dims().to_vec(),
+                ready: false,
+            });
+            bucket.len += len;
+            bucket.params += 1;
+        }
+        GradientReducer {
+            slots: slots.into_iter().flatten().collect(),
+            buckets,
+            next_submit: 0,
+            sync: true,
+            acc: (0..params.len()).map(|_| None).collect(),
+        }
+    }
+
+    /// The number of buckets.
+    pub fn num_buckets(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Start a step: synchronised (`sync`), or one whose gradients are only accumulated
+    /// locally until the next synchronised step.
+    pub fn begin(&mut self, sync: bool) -> Result<()> {
+        self.sync = sync;
+        self.next_submit = 0;
+        for s in &mut self.slots {
+            s.ready = false;
+        }
+        for b in &mut self.buckets {
+            b.missing = b.params;
+            if sync && b.storage.is_none() {
+                b.storage = Some(Buffer::alloc(b.dtype, b.len, Device::Cpu).map_err(tensor)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Parameter `key`'s gradient is final: copy it into its bucket and submit every
+    /// bucket that is now complete, in order.
+    pub fn grad_ready(&mut self, comm: &dyn Communicator, key: usize, grad: &Tensor) -> Result<()> {
+        let slot = self.slots.get(key).ok_or_else(|| {
+            StrategyError::Invalid(format!(
+                "gradient for parameter {key}, but the reducer has {} parameters",
+                self.slots.len()
+            ))
+        })?;
+        if slot.dims != grad.dims() {
+            return Err(StrategyError::Invalid(format!(
+                "gradient of parameter {key} has shape {:?}, the parameter {:?}",
+                grad.dims(),
+                slot.dims
+            )));
+        }
+        if slot.ready {
+            return Ok(());
+        }
+        let total = match self.acc[key].take() {
+            Some(acc) => acc.add(grad)?,
+            None => grad.clone(),
+        };
+        if !self.sync {
+            self.acc[key] = Some(total);
+            self.slots[key].ready = true;
+            return Ok(());
+        }
+        self.write(key, Some(&total))?;
+        self.submit_complete(comm)
+    }
+
+    /// Copy a gradient (or zeros) into its bucket and count it.
+    fn write(&mut self, key: usize, grad: Option<&Tensor>) -> Result<()> {
+        let slot = &mut self.slots[key];
+        let bucket = &mut self.buckets[slot.bucket];
+        let storage = bucket
+            .storage
+            .as_mut()
+            .ok_or_else(|| StrategyError::Invalid("reducer: step not begun".into()))?;
+        let size = bucket.dtype.size_in_bytes();
+        let n: usize = slot.dims.iter().product();
+        let dst = &mut storage.as_bytes_mut()[slot.offset * size..(slot.offset + n) * size];
+        match grad {
+            Some(g) => {
+                let g = g.to_dtype(bucket.dtype)?.contiguous()?;
+                dst.copy_from_slice(g.as_bytes()?);
+            }
+            None => dst.fill(0),
+        }
+        slot.ready = true;
+        bucket.missing -= 1;
+        Ok(())
+    }
+
+    fn submit_complete(&mut self, comm: &dyn Communicator) -> Result<()> {
+        while let Some(b) = self.buckets.get_mut(self.next_submit) {
+            if b.missing > 0 {
+                break;
+            }
+            let storage = b.storage.take().expect("a complete bucket has its storage");
+            b.pending = Some(comm.submit_all_reduce(storage, ReduceOp::Sum)?);
+            self.next_submit += 1;
+        }
+        Ok(())
+    }
+
+    /// End a synchronised step: gradients that never arrived are zero (or the local
+    /// accumulation), every bucket is reduced, and the summed gradients come back in
+    /// parameter order as views of the bucket buffers. Returns `None` after an
+    /// accumulation-only step.
+    pub fn finish(&mut self, comm: &dyn Communicator) -> Result<Option<Vec<Tensor>>> {
+        if !self.sync {
+            return Ok(None);
+        }
+        for key in 0..self.slots.len() {
+            if !self.slots[key].ready {
+                let acc = self.acc[key].take();
+                self.write(key, acc.as_ref())?;
+            }
+        }
+        self.submit_complete(comm)?;
+        for b in &mut self.buckets {
+            let pending = b.pending.take().expect("every bucket was submitted");
+            let buffer = pending.wait()?;
+            b.reduced = Some(Tensor::from_buffer(buffer, &[b.len])?);
+        }
+        let grads = self
+            .slots
+            .iter()
+            .map(|s| {
+                let whole = self.buckets[s.bucket].reduced.as_ref().expect("reduced");
+                let n = s.dims.iter().product();
+                Ok(whole.narrow(0, s.offset, n)?.reshape(&s.dims)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(grads))
+    }
+
+    /// Take the bucket buffers back once the gradients handed out by
+    /// [`finish`](GradientReducer::finish) are dropped, for the next step.
+    pub fn reclaim(&mut self, grads: Vec<Tensor>) {
+        drop(grads);
+        for b in &mut self.buckets {
+            if let Some(t) = b.reduced.take() {
+                // A gradient view still held elsewhere keeps the buffer; `begin`
+                // allocates a new one then.
+                b.storage = t.into_buffer().ok();
+            }
+        }
+    }
+}
+
+fn tensor(e: mirra_device::DeviceError) -> StrategyError {
+    StrategyError::Tensor(e.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MirroredStrategy, StrategyConfig};
+    use mirra_tensor::init::{rng, Initializer};
+
+    const SHAPES: [&[usize]; 4] = [&[4, 3], &[3], &[3, 2], &[2]];
+
+    fn params() -> Vec<Tensor> {
+        SHAPES
+            .iter()
+            .map(|d| Tensor::zeros(d, DType::F32, Device::Cpu).unwrap())
+            .collect()
+    }
+
+    /// Replica `r`'s gradients at micro-step `k`.
+    fn grads(r: usize, k: u64) -> Vec<Tensor> {
+        let mut g = rng(100 * r as u64 + k);
+        let init = Initializer::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        SHAPES
+            .iter()
+            .map(|d| init.init(d, DType::F32, Device::Cpu, &mut g).unwrap())
+            .collect()
+    }
+
+    /// Run `steps` steps (each `micro` micro-steps, the last synchronised) on `replicas`
+    /// replicas with buckets of `bucket_bytes`; replica 1 gets no data in its last
+    /// micro-step when `starve` (its gradients never arrive). Returns every replica's
+    /// final gradients.
+    fn reduce(
+        replicas: usize,
+        bucket_bytes: usize,
+        micro: u64,
+        starve: bool,
+    ) -> Vec<Vec<Vec<f32>>> {
+        let s =
+            MirroredStrategy::new(StrategyConfig::cpu(replicas).with_collective("ring")).unwrap();
+        s.run(|ctx| {
+            let mut red = GradientReducer::new(&params(), bucket_bytes);
+            let mut out = vec![];
+            for step in 0..2 {
+                for k in 0..micro {
+                    let sync = k + 1 == micro;
+                    red.begin(sync).unwrap();
+                    let skip = starve && sync && ctx.replica_id == 1;
+                    if !skip {
+                        // Backward hands gradients out last parameter first.
+                        for (i, g) in grads(ctx.replica_id, step * 10 + k)
+                            .iter()
+                            .enumerate()
+                            .rev()
+                        {
+                            red.grad_ready(ctx.comm, i, g).unwrap();
+                        }
+                    }
+                    if let Some(g) = red.finish(ctx.comm).unwrap() {
+                        out = g.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
+                        red.reclaim(g);
+                    }
+                }
+            }
+            out
+        })
+        .unwrap()
+        .into_values()
+    }
+
+    /// The sum over replicas (and micro-steps) of the last step's gradients, in f64.
+    fn expected(replicas: usize, micro: u64, starve: bool) -> Vec<Vec<f64>> {
+        let mut want: Vec<Vec<f64>> = SHAPES
+            .iter()
+            .map(|d| vec![0.0; d.iter().product()])
+            .collect();
+        for r in 0..replicas {
+            for k in 0..micro {
+                if starve && r == 1 && k + 1 == micro {
+                    continue;
+                }
+                for (w, g) in want.iter_mut().zip(grads(r, 10 + k)) {
+                    for (a, b) in w.iter_mut().zip(g.to_vec::<f32>().unwrap()) {
+                        *a += b as f64;
+                    }
+                }
+            }
+        }
+        want
+    }
+
+    fn assert_close(got: &[Vec<f32>], want: &[Vec<f64>]) {
+        for (g, w) in got.iter().zip(want) {
+            for (a, b) in g.iter().zip(w) {
+                assert!(
+                    (*a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "{a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn layout_is_reverse_order_within_the_cap() {
+        assert_eq!(GradientReducer::new(&params(), 1 << 20).num_buckets(), 1);
+        // 2 + 6 floats fit in 32 bytes; then 3 alone (12 bytes + 48 > 32); then 12.
+        assert_eq!(GradientReducer::new(&params(), 32).num_buckets(), 3);
+        assert_eq!(GradientReducer::new(&params(), 1).num_buckets(), 4);
+    }
+
+    #[test]
+    fn every_replica_gets_the_sum_bucketed_or_not() {
+        for replicas in [1, 2, 3] {
+            let whole = reduce(replicas, 1 << 20, 1, false);
+            let split = reduce(replicas, 8, 1, false);
+            for r in &whole {
+                assert_eq!(r, &whole[0], "replicas differ");
+            }
+            assert_close(&whole[0], &expected(replicas, 1, false));
+            assert_close(&split[0], &expected(replicas, 1, false));
+            if replicas <= 2 {
+                // A sum of two is the same in any order: bucketing changes no bit.
+                assert_eq!(whole, split);
+            }
+        }
+    }
+
+    #[test]
+    fn accumulation_and_missing_gradients() {
+        let got = reduce(2, 16, 3, false);
+        assert_eq!(got[0], got[1]);
+        assert_close(&got[0], &expected(2, 3, false));
+        // Replica 1 has no data in the synchronised micro-step: its accumulated
+        // gradients still count, and nothing hangs.
+        let got = reduce(3, 16, 2, true);
+        assert_close(&got[2], &expected(3, 2, true));
+        // No data at all on a replica, no accumulation: it contributes zeros.
+        let got = reduce(2, 16, 1, true);
+        assert_close(&got[0], &expected(2, 1, true));
+    }
+
+    #[test]
+    fn wrong_gradients_are_errors() {
+        let s = MirroredStrategy::cpu(1).unwrap();
+        s.run(|ctx| {
+            let mut red = GradientReducer::new(&params(), 64);
+            red.begin(true).unwrap();
+            let g = Tensor::zeros(&[2, 2], DType::F32, Device::Cpu).unwrap();
+            let e = red.grad_ready(ctx.comm, 0, &g).unwrap_err().to_string();
+            assert!(e.contains("has shape [2, 2], the parameter [4, 3]"), "{e}");
+            let e = red.grad_ready(ctx.comm, 9, &g).unwrap_err().to_string();
+            assert!(e.contains("the reducer has 4 parameters"), "{e}");
+        })
+        .unwrap();
+    }
+}

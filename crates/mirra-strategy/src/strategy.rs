@@ -1,0 +1,385 @@
+//! [`MirroredStrategy`]: the replicas, their scope, `run` and `reduce`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mirra_collectives::{cpu_group, Config, ReduceOp, BACKENDS};
+use mirra_nn::Sequential;
+use mirra_tensor::Tensor;
+
+use crate::pool::{ReplicaContext, ReplicaPool};
+use crate::reducer::DEFAULT_BUCKET_BYTES;
+use crate::{Result, StrategyError};
+
+/// How to build a [`MirroredStrategy`].
+#[derive(Clone, Debug)]
+pub struct StrategyConfig {
+    /// Replicas in sync (CPU: threads).
+    pub replicas: usize,
+    /// The collective backend, by name (`ring`, `tree`, `reduce-to-one`, `direct`).
+    pub collective: String,
+    /// Gradient bucket size in bytes (DDP's `bucket_cap_mb`).
+    pub bucket_bytes: usize,
+    /// Kernel threads per replica (default: the machine's cores divided among the
+    /// replicas, at least one each).
+    pub threads_per_replica: Option<usize>,
+    /// Deadlines and tuning of the collectives.
+    pub collectives: Config,
+}
+
+impl StrategyConfig {
+    /// `replicas` CPU replicas with the `ring` backend and 25 MiB buckets.
+    pub fn cpu(replicas: usize) -> StrategyConfig {
+        StrategyConfig {
+            replicas,
+            collective: "ring".into(),
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
+            threads_per_replica: None,
+            collectives: Config::default(),
+        }
+    }
+
+    /// This config with another collective backend.
+    pub fn with_collective(mut self, name: &str) -> StrategyConfig {
+        self.collective = name.to_string();
+        self
+    }
+
+    /// This config with another bucket size.
+    pub fn with_bucket_bytes(mut self, bytes: usize) -> StrategyConfig {
+        self.bucket_bytes = bytes;
+        self
+    }
+
+    /// This config with a fixed number of kernel threads per replica.
+    pub fn with_threads_per_replica(mut self, threads: usize) -> StrategyConfig {
+        self.threads_per_replica = Some(threads);
+        self
+    }
+}
+
+/// Values that exist once per replica, in replica order (TensorFlow's `PerReplica`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PerReplica<T>(pub Vec<T>);
+
+impl<T> PerReplica<T> {
+    /// The values, in replica order.
+    pub fn values(&self) -> &[T] {
+        &self.0
+    }
+
+    /// The values, in replica order.
+    pub fn into_values(self) -> Vec<T> {
+        self.0
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Synchronous data parallelism over replicas of one model (TensorFlow's
+/// `tf.distribute.MirroredStrategy`). On CPU each replica is a long-lived thread with its
+/// own communicator of the chosen collective backend.
+///
+/// ```
+/// use mirra_strategy::{MirroredStrategy, ReduceOp};
+///
+/// let strategy = MirroredStrategy::cpu(2).unwrap();
+/// let ids = strategy.run(|ctx| ctx.replica_id as f64).unwrap();
+/// assert_eq!(strategy.reduce_scalars(ReduceOp::Sum, &ids), 1.0);
+/// ```
+pub struct MirroredStrategy {
+    id: u64,
+    pool: ReplicaPool,
+    config: StrategyConfig,
+    threads_per_replica: usize,
+}
+
+impl std::fmt::Debug for MirroredStrategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MirroredStrategy")
+            .field("replicas", &self.pool.len())
+            .field("collective", &self.config.collective)
+            .field("bucket_bytes", &self.config.bucket_bytes)
+            .finish()
+    }
+}
+
+impl MirroredStrategy {
+    /// `replicas` CPU replicas with the default configuration ([`StrategyConfig::cpu`]).
+    pub fn cpu(replicas: usize) -> Result<MirroredStrategy> {
+        MirroredStrategy::new(StrategyConfig::cpu(replicas))
+    }
+
+    /// A strategy as configured. An unknown collective name or zero replicas is an error.
+    pub fn new(config: StrategyConfig) -> Result<MirroredStrategy> {
+        if config.replicas == 0 {
+            return Err(StrategyError::NoReplicas(0));
+        }
+        if !BACKENDS.contains(&config.collective.as_str()) {
+            // The collectives crate names the known backends in its error.
+            cpu_group(&config.collective, 1, config.collectives.clone())?;
+        }
+        if config.bucket_bytes == 0 {
+            return Err(StrategyError::Invalid(
+                "the gradient bucket size must be at least 1 byte".into(),
+            ));
+        }
+        let comms = cpu_group(
+            &config.collective,
+            config.replicas,
+            config.collectives.clone(),
+        )?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads_per_replica = config
+            .threads_per_replica
+            .unwrap_or((cores / config.replicas).max(1));
+        let pool = ReplicaPool::spawn(comms, threads_per_replica)?;
+        Ok(MirroredStrategy {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            pool,
+            config,
+            threads_per_replica,
+        })
+    }
+
+    /// The number of replicas that train in sync.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// The collective backend's name.
+    pub fn collective(&self) -> &str {
+        &self.config.collective
+    }
+
+    /// The gradient bucket size in bytes.
+    pub fn bucket_bytes(&self) -> usize {
+        self.config.bucket_bytes
+    }
+
+    /// Kernel threads each replica computes with.
+    pub fn threads_per_replica(&self) -> usize {
+        self.threads_per_replica
+    }
+
+    /// Run `f` with this strategy's variable scope entered: models built inside are
+    /// mirrored (TensorFlow's `with strategy.scope():`).
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        mirra_nn::scope::enter(self.id, f)
+    }
+
+    /// An error unless `net`'s variables were created inside this strategy's scope.
+    pub fn check_scope(&self, net: &Sequential) -> Result<()> {
+        if net.variable_scope() == Some(self.id) {
+            return Ok(());
+        }
+        let names = net.param_names();
+        let mut listed = names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        if names.len() > 3 {
+            listed.push_str(", ...");
+        }
+        Err(StrategyError::OutsideScope {
+            names: listed,
+            where_: if net.variable_scope().is_some() {
+                "in another strategy's scope"
+            } else {
+                "outside the strategy's scope"
+            },
+        })
+    }
+
+    /// One copy of `net` per replica, replica 0's being `net` itself and every other
+    /// replica's parameters received from it by broadcast, so all start bitwise
+    /// identical. `net` must have been built inside [`scope`](MirroredStrategy::scope).
+    pub fn mirror(&self, net: Sequential) -> Result<Vec<Sequential>> {
+        self.check_scope(&net)?;
+        let n = self.num_replicas_in_sync();
+        let mut copies = Vec::with_capacity(n);
+        for _ in 1..n {
+            let mut c = net.clone();
+            let fresh: std::result::Result<Vec<Tensor>, _> =
+                c.params().iter().map(|p| p.zeros_like()).collect();
+            c.set_params(fresh?)
+                .map_err(|e| StrategyError::Invalid(e.to_string()))?;
+            copies.push(c);
+        }
+        copies.insert(0, net);
+        let slots: Vec<std::sync::Mutex<&mut Sequential>> =
+            copies.iter_mut().map(std::sync::Mutex::new).collect();
+        let results = self.run(|ctx| -> Result<()> {
+            let mut net = slots[ctx.replica_id]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for p in net.params_mut() {
+                let mut buf = p
+                    .copy()?
+                    .into_buffer()
+                    .map_err(|_| StrategyError::Invalid("a fresh copy is unshared".into()))?;
+                ctx.comm.broadcast(&mut buf, 0)?;
+                *p = Tensor::from_buffer(buf, p.dims())?;
+            }
+            Ok(())
+        })?;
+        drop(slots);
+        results
+            .into_values()
+            .into_iter()
+            .collect::<Result<Vec<()>>>()?;
+        Ok(copies)
+    }
+
+    /// Run `step` on every replica in parallel and return each replica's result
+    /// (TensorFlow's `strategy.run`). A panicking step is an error naming the replica
+    /// (after every other replica has finished its step).
+    pub fn run<R: Send>(
+        &self,
+        step: impl Fn(&ReplicaContext<'_>) -> R + Sync,
+    ) -> Result<PerReplica<R>> {
+        let n = self.num_replicas_in_sync();
+        let slots: Vec<std::sync::Mutex<Option<R>>> =
+            (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+        self.pool.run(&|ctx: &ReplicaContext<'_>| {
+            let r = step(ctx);
+            *slots[ctx.replica_id]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(r);
+        })?;
+        Ok(PerReplica(
+            slots
+                .into_iter()
+                .map(|s| {
+                    s.into_inner()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .expect("every replica ran the step")
+                })
+                .collect(),
+        ))
+    }
+
+    /// Reduce per-replica scalars across replicas (`Sum` or `Mean`; `Max`, `Min` and
+    /// `Product` too), on the calling thread.
+    pub fn reduce_scalars(&self, op: ReduceOp, values: &PerReplica<f64>) -> f64 {
+        let v = values.values();
+        match op {
+            ReduceOp::Sum => v.iter().sum(),
+            ReduceOp::Mean => v.iter().sum::<f64>() / v.len().max(1) as f64,
+            ReduceOp::Max => v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            ReduceOp::Min => v.iter().copied().fold(f64::INFINITY, f64::min),
+            ReduceOp::Product => v.iter().product(),
+        }
+    }
+
+    /// Reduce per-replica tensors of one shape across replicas with `Sum` or `Mean`
+    /// (TensorFlow's `strategy.reduce`), on the calling thread.
+    pub fn reduce(&self, op: ReduceOp, values: &PerReplica<Tensor>) -> Result<Tensor> {
+        let v = values.values();
+        let Some(first) = v.first() else {
+            return Err(StrategyError::Invalid("reduce: no values".into()));
+        };
+        let mut acc = first.clone();
+        for t in &v[1..] {
+            acc = acc.add(t)?;
+        }
+        match op {
+            ReduceOp::Sum => Ok(acc),
+            ReduceOp::Mean => Ok(acc.affine(1.0 / v.len() as f64, 0.0)?),
+            other => Err(StrategyError::Invalid(format!(
+                "reduce: tensors are reduced with Sum or Mean, not {other:?}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mirra_nn::{Activation, Dense, Flatten};
+
+    fn net() -> Sequential {
+        let mut n = Sequential::new(vec![
+            Box::new(Flatten),
+            Box::new(Dense::new(5, Activation::Relu)),
+            Box::new(Dense::new(2, Activation::Linear)),
+        ]);
+        n.build(&[3], 9).unwrap();
+        n
+    }
+
+    #[test]
+    fn run_reduce_and_replica_panics() {
+        let s = MirroredStrategy::new(StrategyConfig::cpu(3).with_collective("tree")).unwrap();
+        assert_eq!(s.num_replicas_in_sync(), 3);
+        assert_eq!(s.collective(), "tree");
+        let v = s.run(|ctx| (ctx.replica_id + 1) as f64).unwrap();
+        assert_eq!(v.values(), &[1.0, 2.0, 3.0]);
+        assert_eq!(s.reduce_scalars(ReduceOp::Sum, &v), 6.0);
+        assert_eq!(s.reduce_scalars(ReduceOp::Mean, &v), 2.0);
+        let t = s
+            .run(|ctx| {
+                Tensor::full(
+                    &[2],
+                    ctx.replica_id as f64,
+                    mirra_tensor::DType::F32,
+                    mirra_tensor::Device::Cpu,
+                )
+                .unwrap()
+            })
+            .unwrap();
+        assert_eq!(
+            s.reduce(ReduceOp::Mean, &t)
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap(),
+            vec![1.0, 1.0]
+        );
+        let e = s
+            .run(|ctx| {
+                if ctx.replica_id == 1 {
+                    panic!("bad step");
+                }
+            })
+            .unwrap_err();
+        assert_eq!(e.to_string(), "replica 1 panicked: bad step");
+        // The replicas survive a panicking step.
+        assert_eq!(s.run(|ctx| ctx.num_replicas).unwrap().values(), &[3, 3, 3]);
+    }
+
+    #[test]
+    fn bad_configurations_are_errors() {
+        assert_eq!(
+            MirroredStrategy::cpu(0).unwrap_err().to_string(),
+            "a mirrored strategy needs at least 1 replica, got 0"
+        );
+        let e = MirroredStrategy::new(StrategyConfig::cpu(2).with_collective("nccl-ring"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown collectives backend `nccl-ring`"), "{e}");
+    }
+
+    #[test]
+    fn mirrored_variables_start_identical_and_need_the_scope() {
+        let s = MirroredStrategy::cpu(4).unwrap();
+        let e = s.mirror(net()).unwrap_err().to_string();
+        assert!(
+            e.starts_with("the model's variables (dense/kernel, dense/bias, dense_1/kernel, ...) were created outside the strategy's scope"),
+            "{e}"
+        );
+        let other = MirroredStrategy::cpu(2).unwrap();
+        let e = s.mirror(other.scope(net)).unwrap_err().to_string();
+        assert!(e.contains("in another strategy's scope"), "{e}");
+
+        let original = s.scope(net);
+        let want: Vec<Vec<f32>> = original
+            .params()
+            .iter()
+            .map(|p| p.to_vec().unwrap())
+            .collect();
+        let copies = s.mirror(original).unwrap();
+        assert_eq!(copies.len(), 4);
+        for c in &copies {
+            let got: Vec<Vec<f32>> = c.params().iter().map(|p| p.to_vec().unwrap()).collect();
+            assert_eq!(got, want);
+        }
+        // Independent buffers, not shared ones.
+        assert!(!copies[0].params()[0].same_buffer(&copies[1].params()[0]));
+    }
+}
