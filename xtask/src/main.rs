@@ -6,6 +6,7 @@
 
 mod bench_collectives;
 mod bench_core;
+mod bench_mirrored;
 mod compare;
 mod json;
 mod machine;
@@ -35,8 +36,8 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ),
     (
         "bench-mirrored",
-        "mirrored-strategy step time against one replica (not written yet)",
-        false,
+        "MLP samples/s with 1, 2, 4 replicas per collective, exposed comm -> target/bench/mirrored.json",
+        true,
     ),
     (
         "scaling",
@@ -89,6 +90,10 @@ fn usage() -> String {
         "\n`cargo xtask bench-collectives` flags:\n{}",
         bench_collectives::FLAGS_HELP
     ));
+    s.push_str(&format!(
+        "\n`cargo xtask bench-mirrored` flags:\n{}",
+        bench_mirrored::FLAGS_HELP
+    ));
     s
 }
 
@@ -105,6 +110,7 @@ fn main() -> ExitCode {
         }
         Some("bench") => bench_core::run(&args[1..]),
         Some("bench-collectives") => bench_collectives::run(&args[1..]),
+        Some("bench-mirrored") => bench_mirrored::run(&args[1..]),
         Some(cmd) => match COMMANDS.iter().find(|(name, _, _)| *name == cmd) {
             Some((_, _, false)) => Err(Failure::run(format!(
                 "xtask: `{cmd}` is not written yet (it comes with the collectives and the \

@@ -3,11 +3,13 @@
 //! cross-entropy) on synthetic batches, and the buffer allocations of a warmed-up step.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use mirra::device::pool_stats;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
-use mirra::nn::Accuracy;
+use mirra::nn::{Accuracy, Metric};
 use mirra::optim::Adam;
+use mirra::strategy::MirroredStrategy;
 use mirra::tensor::init::{rng, Initializer};
 use mirra::tensor::{set_num_threads, DType, Device, Tensor};
 use mirra::train::Model;
@@ -44,32 +46,8 @@ pub fn measure(
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let mut out = BTreeMap::new();
     for &batch in batches {
-        let mut net = mirra::models::mlp();
-        net.build(&[28, 28], SEED).map_err(|e| err(&e))?;
-        let mut model = Model::compile(
-            net,
-            Box::new(Adam::new(1e-3)),
-            Box::new(SparseCategoricalCrossentropy::default()),
-            vec![Box::new(Accuracy::new())],
-            SEED,
-        );
-        let mut data = Vec::with_capacity(DISTINCT_BATCHES);
-        for i in 0..DISTINCT_BATCHES as u64 {
-            let x = Initializer::Uniform {
-                low: 0.0,
-                high: 1.0,
-            }
-            .init(
-                &[batch, 28, 28],
-                DType::F32,
-                Device::Cpu,
-                &mut rng(SEED + i),
-            )
-            .map_err(|e| err(&e))?;
-            let y = Tensor::from_vec(labels(batch, 10, SEED + i), &[batch], Device::Cpu)
-                .map_err(|e| err(&e))?;
-            data.push((x, y));
-        }
+        let mut model = compile(None)?;
+        let data = synthetic_batches(batch)?;
         let mut i = 0usize;
         let mut step = || -> Result<(), String> {
             let (x, y) = &data[i % data.len()];
@@ -95,6 +73,54 @@ pub fn measure(
         );
     }
     Ok(out)
+}
+
+/// The benchmarked MLP, compiled for one device or, built in its scope, for a strategy.
+pub fn compile(strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let build = || {
+        let mut net = mirra::models::mlp();
+        net.build(&[28, 28], SEED).map(|()| net)
+    };
+    let opt = Box::new(Adam::new(1e-3));
+    let loss = Box::new(SparseCategoricalCrossentropy::default());
+    let metrics: Vec<Box<dyn Metric>> = vec![Box::new(Accuracy::new())];
+    match strategy {
+        None => Ok(Model::compile(
+            build().map_err(|e| err(&e))?,
+            opt,
+            loss,
+            metrics,
+            SEED,
+        )),
+        Some(s) => {
+            let net = s.scope(build).map_err(|e| err(&e))?;
+            Model::compile_in(s, net, opt, loss, metrics, SEED).map_err(|e| err(&e))
+        }
+    }
+}
+
+/// A few distinct synthetic MNIST-shaped batches of `batch` examples, to cycle through.
+pub fn synthetic_batches(batch: usize) -> Result<Vec<(Tensor, Tensor)>, String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    (0..DISTINCT_BATCHES as u64)
+        .map(|i| {
+            let x = Initializer::Uniform {
+                low: 0.0,
+                high: 1.0,
+            }
+            .init(
+                &[batch, 28, 28],
+                DType::F32,
+                Device::Cpu,
+                &mut rng(SEED + i),
+            )
+            .map_err(|e| err(&e))?;
+            let y = Tensor::from_vec(labels(batch, 10, SEED + i), &[batch], Device::Cpu)
+                .map_err(|e| err(&e))?;
+            Ok((x, y))
+        })
+        .collect()
 }
 
 /// `n` class labels in `0..classes` from a 64-bit linear congruential generator (the

@@ -9,6 +9,16 @@ use std::time::{Duration, Instant};
 
 /// The arguments of the measured run.
 pub const TRAIN_ARGS: [&str; 3] = ["train", "--epochs", "1"];
+/// The measured run with 4 replicas (`cargo xtask bench-mirrored`).
+pub const TRAIN_ARGS_4_REPLICAS: [&str; 7] = [
+    "train",
+    "--epochs",
+    "1",
+    "--replicas",
+    "4",
+    "--batch-size",
+    "256",
+];
 
 /// A run that is still going after this long is killed and reported as a failure.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -49,6 +59,11 @@ fn build(root: &Path) -> Result<(), String> {
 /// Builds the CLI, runs one epoch of `mirra train` from the workspace root, and returns
 /// its peak RSS; `Err` says why there is no figure.
 pub fn measure(root: &Path, target: &Path, log: &Path) -> Result<Run, String> {
+    measure_args(root, target, log, &TRAIN_ARGS)
+}
+
+/// Peak RSS of `target/release/mirra` run with `args`.
+pub fn measure_args(root: &Path, target: &Path, log: &Path, args: &[&str]) -> Result<Run, String> {
     if !root.join("crates/mirra/Cargo.toml").is_file() {
         return Err("crates/mirra (the `mirra` CLI) does not exist yet".into());
     }
@@ -62,7 +77,7 @@ pub fn measure(root: &Path, target: &Path, log: &Path) -> Result<Run, String> {
     println!(
         "peak RSS: running `{} {}` (log: {})",
         binary.display(),
-        TRAIN_ARGS.join(" "),
+        args.join(" "),
         log.display()
     );
     let out = File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
@@ -71,7 +86,7 @@ pub fn measure(root: &Path, target: &Path, log: &Path) -> Result<Run, String> {
         .map_err(|e| format!("cannot reopen {}: {e}", log.display()))?;
     let start = Instant::now();
     let child = Command::new(&binary)
-        .args(TRAIN_ARGS)
+        .args(args)
         .current_dir(root)
         .stdin(Stdio::null())
         .stdout(out)
@@ -85,7 +100,7 @@ pub fn measure(root: &Path, target: &Path, log: &Path) -> Result<Run, String> {
         let last = text.lines().rev().find(|l| !l.trim().is_empty());
         return Err(format!(
             "`mirra {}` failed: {}",
-            TRAIN_ARGS.join(" "),
+            args.join(" "),
             last.unwrap_or("(no output)").trim()
         ));
     }

@@ -16,6 +16,8 @@
 //! the gradients to local accumulators; the next synchronised step adds them in before
 //! its buckets are reduced.
 
+use std::time::{Duration, Instant};
+
 use mirra_collectives::{Communicator, Pending, ReduceOp};
 use mirra_device::{Buffer, DType, Device};
 use mirra_tensor::Tensor;
@@ -46,6 +48,8 @@ struct Bucket {
     /// The flat buffer while it is being filled.
     storage: Option<Buffer>,
     pending: Option<Pending>,
+    /// Reduced on the replica's own thread (or a group of one: nothing to reduce).
+    done: Option<Buffer>,
     /// The reduced buffer, lent out as gradient views until `reclaim`.
     reduced: Option<Tensor>,
 }
@@ -59,6 +63,8 @@ pub struct GradientReducer {
     sync: bool,
     /// Local gradient sums of unsynchronised micro-steps, per parameter.
     acc: Vec<Option<Tensor>>,
+    /// Time `finish` spent waiting for reductions, since the last `take_wait_time`.
+    waited: Duration,
 }
 
 impl GradientReducer {
@@ -80,6 +86,7 @@ impl GradientReducer {
                     params: 0,
                     storage: None,
                     pending: None,
+                    done: None,
                     reduced: None,
                 });
             }
@@ -100,6 +107,7 @@ impl GradientReducer {
             next_submit: 0,
             sync: true,
             acc: (0..params.len()).map(|_| None).collect(),
+            waited: Duration::ZERO,
         }
     }
 
@@ -154,7 +162,7 @@ impl GradientReducer {
             return Ok(());
         }
         self.write(key, Some(&total))?;
-        self.submit_complete(comm)
+        self.submit_complete(comm, false)
     }
 
     /// Copy a gradient (or zeros) into its bucket and count it.
@@ -180,13 +188,25 @@ impl GradientReducer {
         Ok(())
     }
 
-    fn submit_complete(&mut self, comm: &dyn Communicator) -> Result<()> {
+    /// Start the reduction of every complete bucket not started yet, in bucket order:
+    /// in the background during backward, or, once backward is over (`inline`), on this
+    /// thread, which then has nothing else to do and saves the hand-offs to and from the
+    /// progress thread (a blocking collective first waits for the submitted ones, so the
+    /// order holds).
+    fn submit_complete(&mut self, comm: &dyn Communicator, inline: bool) -> Result<()> {
         while let Some(b) = self.buckets.get_mut(self.next_submit) {
             if b.missing > 0 {
                 break;
             }
-            let storage = b.storage.take().expect("a complete bucket has its storage");
-            b.pending = Some(comm.submit_all_reduce(storage, ReduceOp::Sum)?);
+            let mut storage = b.storage.take().expect("a complete bucket has its storage");
+            if comm.world_size() == 1 {
+                b.done = Some(storage);
+            } else if inline {
+                comm.all_reduce(&mut storage, ReduceOp::Sum)?;
+                b.done = Some(storage);
+            } else {
+                b.pending = Some(comm.submit_all_reduce(storage, ReduceOp::Sum)?);
+            }
             self.next_submit += 1;
         }
         Ok(())
@@ -206,12 +226,17 @@ impl GradientReducer {
                 self.write(key, acc.as_ref())?;
             }
         }
-        self.submit_complete(comm)?;
+        let start = Instant::now();
+        self.submit_complete(comm, true)?;
         for b in &mut self.buckets {
-            let pending = b.pending.take().expect("every bucket was submitted");
-            let buffer = pending.wait()?;
+            let buffer = match (b.done.take(), b.pending.take()) {
+                (Some(buffer), _) => buffer,
+                (None, Some(pending)) => pending.wait()?,
+                (None, None) => unreachable!("every bucket was started"),
+            };
             b.reduced = Some(Tensor::from_buffer(buffer, &[b.len])?);
         }
+        self.waited += start.elapsed();
         let grads = self
             .slots
             .iter()
@@ -222,6 +247,12 @@ impl GradientReducer {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Some(grads))
+    }
+
+    /// Time spent waiting for reductions after backward (communication that backward did
+    /// not hide) since the last call; resets the count.
+    pub fn take_wait_time(&mut self) -> Duration {
+        std::mem::take(&mut self.waited)
     }
 
     /// Take the bucket buffers back once the gradients handed out by

@@ -47,6 +47,13 @@ pub trait Callback: Send {
     fn on_train_batch_end(&mut self, _step: usize, _logs: &Logs, _model: &mut Model) -> Result<()> {
         Ok(())
     }
+    /// After each epoch's training and validation, before any callback's
+    /// [`Callback::on_epoch_end`] and before the History records the logs: add entries to
+    /// the epoch's logs, as a Keras callback writes into the shared `logs` dict (the
+    /// [`LearningRateScheduler`](crate::LearningRateScheduler) adds `learning_rate`).
+    fn on_epoch_logs(&mut self, _epoch: usize, _logs: &mut Logs, _model: &mut Model) -> Result<()> {
+        Ok(())
+    }
     /// After each epoch, with its final logs (training and validation).
     fn on_epoch_end(&mut self, _epoch: usize, _logs: &Logs, _model: &mut Model) -> Result<Control> {
         Ok(Control::Continue)

@@ -18,6 +18,12 @@ pub enum TrainError {
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] mirra_tensor::TensorError),
+    /// The distribution strategy failed.
+    #[error(transparent)]
+    Strategy(#[from] mirra_strategy::StrategyError),
+    /// A TensorBoard event file could not be written.
+    #[error("TensorBoard: {0}")]
+    TensorBoard(#[from] mirra_tensorboard::TensorBoardError),
     /// A file could not be written.
     #[error("cannot write {path}: {source}")]
     Io {
@@ -29,6 +35,14 @@ pub enum TrainError {
     /// An argument out of its range.
     #[error("{0}")]
     Invalid(String),
+    /// A checkpoint cannot be read, is not one, or does not fit the model.
+    #[error("checkpoint {path}: {msg}")]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// The loss became NaN or infinite.
     #[error("loss is {value} at epoch {epoch}, step {step}: training diverged")]
     NonFiniteLoss {

@@ -5,17 +5,33 @@
 //! the loss and metrics, validation after each epoch, and the callbacks around it all.
 
 pub mod callbacks;
+pub mod checkpoint;
+mod csv_logger;
+mod early_stopping;
 mod error;
 pub mod fsutil;
 mod logs;
+mod lr_scheduler;
 mod model;
+mod model_checkpoint;
+mod monitor;
+mod replicas;
+mod tensorboard;
 #[cfg(test)]
 pub(crate) mod testutil;
 
 pub use callbacks::{Callback, Control, ProgbarLogger, TrainInfo};
+pub use checkpoint::{Checkpoint, CheckpointMeta, DataPosition, RngState};
+pub use csv_logger::CsvLogger;
+pub use early_stopping::EarlyStopping;
 pub use error::TrainError;
 pub use logs::{History, Logs};
+pub use lr_scheduler::LearningRateScheduler;
 pub use model::{FitConfig, Model, StepOutput};
+pub use model_checkpoint::ModelCheckpoint;
+pub use monitor::Mode;
+pub use replicas::CommStats;
+pub use tensorboard::TensorBoard;
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, TrainError>;

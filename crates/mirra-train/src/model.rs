@@ -1,16 +1,20 @@
 //! A compiled model: network, optimizer, loss and metrics, with Keras's `fit`,
 //! `evaluate` and `predict`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use mirra_autograd::Tape;
 use mirra_data::Dataset;
 use mirra_nn::{Loss, Mean, Metric, Reduction, Sequential};
 use mirra_optim::Optimizer;
+use mirra_strategy::MirroredStrategy;
 use mirra_tensor::init::{rng, Rng};
 use mirra_tensor::{DType, Tensor};
 
 use crate::callbacks::{Callback, Control, TrainInfo};
+use crate::checkpoint::RngState;
+use crate::replicas::{CommStats, Mirrors, Primary};
 use crate::{History, Logs, Result, TrainError};
 
 /// How `fit` runs.
@@ -40,6 +44,8 @@ pub struct Model {
     tape: Tape,
     rng: Rng,
     grads: Vec<Tensor>,
+    /// Replicas `1..n` under a distribution strategy (the fields above are replica 0).
+    mirrors: Option<Mirrors>,
 }
 
 impl std::fmt::Debug for Model {
@@ -79,7 +85,91 @@ impl Model {
             tape: Tape::new(),
             rng: rng(seed),
             grads: vec![],
+            mirrors: None,
         }
+    }
+
+    /// Compile a network for training under a distribution strategy (Keras's
+    /// `model.compile` inside `strategy.scope()`): the network must have been built
+    /// inside [`MirroredStrategy::scope`], and is mirrored on every replica, each
+    /// starting from replica 0's weights by broadcast and with its own copy of the
+    /// optimizer. `fit`, `evaluate` and `predict` then need no change: each training
+    /// step splits the global batch among the replicas and all-reduces the gradients.
+    pub fn compile_in(
+        strategy: Arc<MirroredStrategy>,
+        net: Sequential,
+        optimizer: Box<dyn Optimizer>,
+        loss: Box<dyn Loss>,
+        metrics: Vec<Box<dyn Metric>>,
+        seed: u64,
+    ) -> Result<Model> {
+        let (net, mirrors) = Mirrors::new(strategy, net, optimizer.as_ref(), seed)?;
+        let mut model = Model::compile(net, optimizer, loss, metrics, seed);
+        model.mirrors = Some(mirrors);
+        Ok(model)
+    }
+
+    /// How much of the distributed training steps since the last call went to waiting
+    /// on gradient all-reduces that backward did not hide (`None` without a strategy).
+    /// Resets the count.
+    pub fn comm_stats(&mut self) -> Option<CommStats> {
+        self.mirrors.as_mut().map(Mirrors::take_stats)
+    }
+
+    /// The distribution strategy the model trains under, if any.
+    pub fn strategy(&self) -> Option<&Arc<MirroredStrategy>> {
+        self.mirrors.as_ref().map(|m| &m.strategy)
+    }
+
+    /// Synchronise gradients every `steps` training steps only, accumulating them
+    /// locally in between (DDP's `no_sync`): `steps` micro-batches make one update of
+    /// their combined batch. Needs a distribution strategy (use one replica for a single
+    /// device); 1 (the default) updates at every step.
+    pub fn set_accumulation_steps(&mut self, steps: usize) -> Result<()> {
+        match (&mut self.mirrors, steps) {
+            (_, 0) => Err(TrainError::Invalid(
+                "gradient accumulation needs at least 1 step".into(),
+            )),
+            (Some(m), _) => {
+                m.accumulation = steps;
+                Ok(())
+            }
+            (None, 1) => Ok(()),
+            (None, _) => Err(TrainError::Invalid(
+                "gradient accumulation runs under a distribution strategy; compile with \
+                 Model::compile_in(MirroredStrategy::cpu(1), ...) for one device"
+                    .into(),
+            )),
+        }
+    }
+
+    /// An error naming the first replica and variable that differs, bitwise, from
+    /// replica 0 (weights and optimizer state); `Ok` without a strategy. The mirrored
+    /// strategy keeps replicas identical after every step; this checks it.
+    pub fn check_replicas_in_sync(&self) -> Result<()> {
+        let Some(m) = &self.mirrors else {
+            return Ok(());
+        };
+        let bits = |t: &Tensor| t.contiguous().map(|c| c.as_bytes().map(<[u8]>::to_vec));
+        let reference: Vec<(String, Tensor)> = self
+            .get_weights()
+            .into_iter()
+            .chain(self.optimizer.state())
+            .collect();
+        let others = m.other_nets().zip(m.other_optimizers());
+        for (r, (net, opt)) in others.enumerate() {
+            let names = net.param_names().iter().cloned();
+            let theirs = names.zip(net.params().iter().cloned()).chain(opt.state());
+            for ((name, a), (_, b)) in reference.iter().zip(theirs) {
+                if bits(a)?? != bits(&b)?? {
+                    return Err(TrainError::Invalid(format!(
+                        "replica {} differs from replica 0 in `{name}`",
+                        r + 1
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The network.
@@ -112,8 +202,72 @@ impl Model {
 
     /// Replace the weights (by position, checked against the network's shapes and dtypes).
     pub fn set_weights(&mut self, weights: Vec<Tensor>) -> Result<()> {
+        if let Some(m) = &mut self.mirrors {
+            // Checked on replica 0 first, so that a bad list changes no replica.
+            let mut check = self.net.clone();
+            check.set_params(weights.clone())?;
+            m.for_others(|net, _| Ok(net.set_params(weights.clone())?))?;
+        }
         self.net.set_params(weights)?;
         Ok(())
+    }
+
+    /// The optimizer's state by name (`iterations`, then `"{i}/{slot}"` per weight `i`,
+    /// see [`Optimizer::state`]); a snapshot like [`Model::get_weights`].
+    pub fn optimizer_state(&self) -> Vec<(String, Tensor)> {
+        self.optimizer.state()
+    }
+
+    /// Restore a state exported by [`Model::optimizer_state`] of a model with the same
+    /// weights and optimizer. The slots are checked against the weights' shapes here
+    /// (the optimizer alone would only notice at the next step); on error nothing changes.
+    pub fn load_optimizer_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
+        let weights = self.get_weights();
+        let mut covered = 0;
+        for (key, t) in state {
+            // Keys other than `{i}/{slot}` are the optimizer's to judge.
+            let Some(i) = key
+                .split_once('/')
+                .and_then(|(i, _)| i.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            let Some((name, w)) = weights.get(i) else {
+                return Err(TrainError::Invalid(format!(
+                    "optimizer state `{key}` is for weight {i}, but the model has {} weights",
+                    weights.len()
+                )));
+            };
+            if t.shape() != w.shape() {
+                return Err(TrainError::Invalid(format!(
+                    "optimizer state `{key}` has shape {}, but weight {i} (`{name}`) has shape {}",
+                    t.shape(),
+                    w.shape()
+                )));
+            }
+            covered = covered.max(i + 1);
+        }
+        if covered != 0 && covered != weights.len() {
+            return Err(TrainError::Invalid(format!(
+                "optimizer state covers {covered} weights, but the model has {}",
+                weights.len()
+            )));
+        }
+        self.optimizer.load_state(state)?;
+        if let Some(m) = &mut self.mirrors {
+            m.for_others(|_, opt| Ok(opt.load_state(state)?))?;
+        }
+        Ok(())
+    }
+
+    /// Where the generator of training-time randomness (dropout) stands.
+    pub fn rng_state(&self) -> RngState {
+        RngState::of(&self.rng)
+    }
+
+    /// Put the generator of training-time randomness where [`Model::rng_state`] found it.
+    pub fn set_rng_state(&mut self, state: &RngState) {
+        self.rng = state.to_rng();
     }
 
     /// The learning rate of the next update.
@@ -124,10 +278,25 @@ impl Model {
     /// Set a constant learning rate from the next update on.
     pub fn set_learning_rate(&mut self, lr: f64) {
         self.optimizer.set_learning_rate(lr);
+        if let Some(m) = &mut self.mirrors {
+            let _infallible = m.for_others(|_, opt| {
+                opt.set_learning_rate(lr);
+                Ok(())
+            });
+        }
     }
 
     /// One step of gradient descent on a batch: forward, backward, update.
     pub fn train_step(&mut self, x: Tensor, y: &Tensor) -> Result<StepOutput> {
+        if let Some(m) = &mut self.mirrors {
+            let primary = Primary {
+                net: &mut self.net,
+                optimizer: self.optimizer.as_mut(),
+                tape: &mut self.tape,
+            };
+            let (loss, output) = m.step(primary, self.loss.as_ref(), x, y)?;
+            return Ok(StepOutput { loss, output });
+        }
         let (loss, output) = {
             let out = self.net.forward(&self.tape, x, true, &mut self.rng)?;
             let loss = self.loss.compute(&out, y, Reduction::SumOverBatchSize)?;
@@ -181,6 +350,9 @@ impl Model {
                 for (name, value) in self.evaluate(val)?.iter() {
                     logs.set(&format!("val_{name}"), value);
                 }
+            }
+            for cb in callbacks.iter_mut() {
+                cb.on_epoch_logs(epoch, &mut logs, self)?;
             }
             // Keep the rate last, as the epoch line prints it at the end.
             if let Some(rate) = logs.get("samples_per_sec") {

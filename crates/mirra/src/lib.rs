@@ -5,11 +5,14 @@
 //! a part (the tensors, the autograd, the input pipeline).
 
 pub use mirra_autograd as autograd;
+pub use mirra_collectives as collectives;
 pub use mirra_data as data;
 pub use mirra_device as device;
 pub use mirra_nn as nn;
 pub use mirra_optim as optim;
+pub use mirra_strategy as strategy;
 pub use mirra_tensor as tensor;
+pub use mirra_tensorboard as tensorboard;
 pub use mirra_train as train;
 
 pub mod models;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod resume;
 mod train_cmd;
 
 /// Data-parallel training for Rust.
@@ -46,9 +47,52 @@ pub struct TrainArgs {
     /// Write the History (one list per metric) as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub history: Option<PathBuf>,
-    /// Threads for the kernels (default: all cores).
+    /// Write TensorBoard event files (per-epoch loss, accuracy, learning rate, samples/s)
+    /// to DIR/train and DIR/validation; view them with `tensorboard --logdir DIR`.
+    #[arg(long, value_name = "DIR")]
+    pub logdir: Option<PathBuf>,
+    /// Save a checkpoint (weights, optimizer state, epoch, RNG and data position) to
+    /// DIR/last.safetensors after every epoch, and to DIR/best.safetensors when val_loss
+    /// improves.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Continue the run whose checkpoints are in --checkpoint-dir (from epoch 1 when it
+    /// holds none), with the same --model, --seed, --batch-size and --lr.
+    #[arg(long)]
+    pub resume: bool,
+    /// Threads for the kernels (default: all cores; with --replicas, per replica: the
+    /// cores shared among the replicas).
     #[arg(long, value_parser = positive)]
     pub threads: Option<usize>,
+    /// Train on N replicas in sync (the mirrored strategy; on CPU, N threads): the global
+    /// batch (--batch-size) is split among them and their gradients all-reduced.
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub replicas: Option<usize>,
+    /// The all-reduce algorithm of --replicas: ring, tree, reduce-to-one or direct.
+    #[arg(long, value_name = "NAME", default_value = "ring", value_parser = collective)]
+    pub collective: String,
+    /// Gradient bucket size in MiB for the overlapped all-reduce (PyTorch DDP's
+    /// bucket_cap_mb).
+    #[arg(long, value_name = "MIB", default_value_t = 25.0, value_parser = positive_f64)]
+    pub bucket_mb: f64,
+    /// Scale the learning rate linearly with the global batch size, from a base batch of
+    /// 64 (Goyal et al., 2017): lr x batch-size / 64.
+    #[arg(long)]
+    pub scale_lr: bool,
+}
+
+/// The base batch of --scale-lr's linear scaling rule.
+pub const SCALE_LR_BASE_BATCH: usize = 64;
+
+fn collective(s: &str) -> Result<String, String> {
+    if mirra::collectives::BACKENDS.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unknown collective '{s}' (known: {})",
+            mirra::collectives::BACKENDS.join(", ")
+        ))
+    }
 }
 
 fn positive(s: &str) -> Result<usize, String> {

@@ -2,8 +2,11 @@
 
 use mirra::data::{Dataset, Mnist};
 use mirra::nn::loss::SparseCategoricalCrossentropy;
-use mirra::nn::Accuracy;
-use mirra::optim::Adam;
+use std::sync::Arc;
+
+use mirra::nn::{Accuracy, Metric};
+use mirra::optim::{scale_lr, Adam};
+use mirra::strategy::{MirroredStrategy, StrategyConfig};
 use mirra::train::{Callback, FitConfig, Model, ProgbarLogger};
 
 use crate::{Failure, TrainArgs};
@@ -25,6 +28,25 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     if let Some(t) = args.threads {
         mirra::tensor::set_num_threads(t);
     }
+    let strategy = match args.replicas {
+        None => None,
+        Some(replicas) => {
+            let mut config = StrategyConfig::cpu(replicas)
+                .with_collective(&args.collective)
+                .with_bucket_bytes(((args.bucket_mb * (1 << 20) as f64) as usize).max(1));
+            if let Some(t) = args.threads {
+                config = config.with_threads_per_replica(t);
+            }
+            Some(Arc::new(
+                MirroredStrategy::new(config).map_err(|e| Failure::Usage(e.to_string()))?,
+            ))
+        }
+    };
+    let lr = if args.scale_lr {
+        scale_lr(args.lr, args.batch_size, crate::SCALE_LR_BASE_BATCH)
+    } else {
+        args.lr
+    };
     let dir = args.data.clone().unwrap_or_else(mirra::data::bundled_dir);
     if !dir.is_dir() {
         return Err(Failure::Usage(format!(
@@ -45,30 +67,57 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             .batch(args.batch_size.max(256), false)
             .prefetch(PREFETCH);
 
-    net.build(&[28, 28], args.seed).map_err(|e| run_err(&e))?;
+    // Under a strategy the model is built in its scope, so its variables are mirrored.
+    match &strategy {
+        Some(s) => s.scope(|| net.build(&[28, 28], args.seed)),
+        None => net.build(&[28, 28], args.seed),
+    }
+    .map_err(|e| run_err(&e))?;
+    let placement = match &strategy {
+        Some(s) => format!(
+            "{} replicas in sync, collective {}, {} threads each, {} per replica",
+            s.num_replicas_in_sync(),
+            s.collective(),
+            s.threads_per_replica(),
+            args.batch_size.div_ceil(s.num_replicas_in_sync()),
+        ),
+        None => format!("one device, {} threads", mirra::tensor::num_threads()),
+    };
     println!(
-        "Training {} ({} parameters) on {train_n} samples, validating on {val_n}; batch {}, \
-         Adam(lr={}), {} epochs, seed {}, {} threads",
+        "Training {} ({} parameters) on {train_n} samples, validating on {val_n}; global batch \
+         {}, Adam(lr={lr}{}), {} epochs, seed {}; {placement}",
         args.model,
         net.num_params(),
         args.batch_size,
-        args.lr,
+        if args.scale_lr {
+            format!(
+                " = {} x {}/{}",
+                args.lr,
+                args.batch_size,
+                crate::SCALE_LR_BASE_BATCH
+            )
+        } else {
+            String::new()
+        },
         args.epochs,
         args.seed,
-        mirra::tensor::num_threads(),
     );
-    let optimizer = Adam::new(args.lr);
-    let mut model = Model::compile(
-        net,
-        Box::new(optimizer),
-        Box::new(SparseCategoricalCrossentropy::default()),
-        vec![Box::new(Accuracy::new())],
-        args.seed,
-    );
+    let optimizer = Box::new(Adam::new(lr));
+    let loss = Box::new(SparseCategoricalCrossentropy::default());
+    let metrics: Vec<Box<dyn Metric>> = vec![Box::new(Accuracy::new())];
+    let mut model = match strategy {
+        Some(s) => Model::compile_in(s, net, optimizer, loss, metrics, args.seed)
+            .map_err(|e| run_err(&e))?,
+        None => Model::compile(net, optimizer, loss, metrics, args.seed),
+    };
     let mut callbacks: Vec<Box<dyn Callback>> = vec![Box::new(ProgbarLogger::new())];
+    if let Some(dir) = &args.logdir {
+        callbacks.push(Box::new(mirra::train::TensorBoard::new(dir)));
+    }
+    let initial_epoch = crate::resume::setup(&args, &mut model, &mut callbacks)?;
     let config = FitConfig {
         epochs: args.epochs,
-        initial_epoch: 0,
+        initial_epoch,
     };
     let history = model
         .fit(&train, Some(&validation), &config, &mut callbacks)

@@ -1,0 +1,459 @@
+//! Training under a [`MirroredStrategy`]: the replicas other than the model's own, and the
+//! distributed training step.
+//!
+//! Replica 0 is the [`Model`](crate::Model)'s own network, optimizer and tape (so
+//! `evaluate`, `predict`, `get_weights` and checkpoints read it directly); replicas
+//! `1..n` live here. A step splits the global batch ([`split_batch`]), and every replica,
+//! on its own thread, runs forward on its part, scales its summed loss by the global
+//! batch size, runs backward with the [`GradientReducer`] submitting gradient buckets as
+//! they fill, waits for the reduced buckets and applies its own optimizer step. Every
+//! replica sums the same gradients in the same order and applies the same update, so the
+//! replicas stay bitwise identical; and the summed gradient is that of the global batch's
+//! mean loss, so the update is the single-device one.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use mirra_autograd::Tape;
+use mirra_nn::{Loss, Reduction, Sequential};
+use mirra_optim::Optimizer;
+use mirra_strategy::{split_batch, Communicator, GradientReducer, MirroredStrategy};
+use mirra_tensor::init::Rng;
+use mirra_tensor::{DType, Tensor};
+use rand::SeedableRng;
+
+use crate::{Result, TrainError};
+
+/// One replica's own state (replicas `1..n`).
+#[derive(Debug)]
+struct Replica {
+    net: Sequential,
+    optimizer: Box<dyn Optimizer>,
+    tape: Tape,
+}
+
+/// The strategy, replicas `1..n`, and every replica's gradient buckets.
+#[derive(Debug)]
+pub(crate) struct Mirrors {
+    pub(crate) strategy: Arc<MirroredStrategy>,
+    others: Vec<Replica>,
+    /// One per replica, replica 0's first.
+    reducers: Vec<GradientReducer>,
+    /// Micro-steps per synchronised step (1: every step synchronises).
+    pub(crate) accumulation: usize,
+    /// Micro-steps taken since the last synchronised one.
+    micro: usize,
+    seed: u64,
+    stats: CommStats,
+}
+
+/// Where the time of distributed training steps went (see [`Model::comm_stats`]).
+///
+/// [`Model::comm_stats`]: crate::Model::comm_stats
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommStats {
+    /// Training steps counted.
+    pub steps: u64,
+    /// Wall time of those steps, seconds.
+    pub step_seconds: f64,
+    /// Time the replicas waited for gradient reductions after backward (communication
+    /// not overlapped with computation), seconds, averaged over the replicas.
+    pub exposed_comm_seconds: f64,
+}
+
+impl CommStats {
+    /// The share of step time spent waiting on communication.
+    pub fn exposed_fraction(&self) -> f64 {
+        if self.step_seconds > 0.0 {
+            self.exposed_comm_seconds / self.step_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What one replica's step works on.
+struct View<'a> {
+    net: &'a mut Sequential,
+    optimizer: &'a mut dyn Optimizer,
+    tape: &'a mut Tape,
+    reducer: &'a mut GradientReducer,
+}
+
+/// Replica 0's state, lent by the model for one step.
+pub(crate) struct Primary<'a> {
+    pub(crate) net: &'a mut Sequential,
+    pub(crate) optimizer: &'a mut dyn Optimizer,
+    pub(crate) tape: &'a mut Tape,
+}
+
+impl Mirrors {
+    /// Mirror `net` (built in `strategy`'s scope) and `optimizer` on every replica;
+    /// returns replica 0's network and the mirrors.
+    pub(crate) fn new(
+        strategy: Arc<MirroredStrategy>,
+        net: Sequential,
+        optimizer: &dyn Optimizer,
+        seed: u64,
+    ) -> Result<(Sequential, Mirrors)> {
+        let mut copies = strategy.mirror(net)?.into_iter();
+        let primary = copies.next().expect("a strategy has at least one replica");
+        let reducers = (0..strategy.num_replicas_in_sync())
+            .map(|_| GradientReducer::new(primary.params(), strategy.bucket_bytes()))
+            .collect();
+        let others = copies
+            .map(|net| Replica {
+                net,
+                optimizer: optimizer.box_clone(),
+                tape: Tape::new(),
+            })
+            .collect();
+        Ok((
+            primary,
+            Mirrors {
+                strategy,
+                others,
+                reducers,
+                accumulation: 1,
+                micro: 0,
+                seed,
+                stats: CommStats::default(),
+            },
+        ))
+    }
+
+    /// Apply `f` to every replica's network and optimizer other than replica 0's (to keep
+    /// them equal to it when the model changes replica 0's directly).
+    pub(crate) fn for_others(
+        &mut self,
+        mut f: impl FnMut(&mut Sequential, &mut dyn Optimizer) -> Result<()>,
+    ) -> Result<()> {
+        for r in &mut self.others {
+            f(&mut r.net, r.optimizer.as_mut())?;
+        }
+        Ok(())
+    }
+
+    /// The communication statistics since the last call (which resets them).
+    pub(crate) fn take_stats(&mut self) -> CommStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// Every replica's network, replica 0's first (for tests of the invariants).
+    pub(crate) fn other_nets(&self) -> impl Iterator<Item = &Sequential> {
+        self.others.iter().map(|r| &r.net)
+    }
+
+    /// Every replica's optimizer other than replica 0's.
+    pub(crate) fn other_optimizers(&self) -> impl Iterator<Item = &dyn Optimizer> {
+        self.others.iter().map(|r| r.optimizer.as_ref())
+    }
+
+    /// One distributed step on the global batch `(x, y)`: returns the batch's mean loss
+    /// and the model's output for the batch (replica parts concatenated in order).
+    pub(crate) fn step(
+        &mut self,
+        primary: Primary<'_>,
+        loss: &dyn Loss,
+        x: Tensor,
+        y: &Tensor,
+    ) -> Result<(f64, Tensor)> {
+        let started = Instant::now();
+        let n = self.strategy.num_replicas_in_sync();
+        let batch = x.dims().first().copied().unwrap_or(0);
+        if batch == 0 {
+            return Err(TrainError::Invalid(
+                "a training batch needs at least one example".into(),
+            ));
+        }
+        let shards = split_batch(&[x, y.clone()], n)?;
+        self.micro += 1;
+        let sync = self.micro == self.accumulation;
+        if sync {
+            self.micro = 0;
+        }
+        // The sum of every replica's loss over every micro-step is the mean over all of
+        // their examples (micro-batches of equal size).
+        let scale = 1.0 / (batch * self.accumulation) as f64;
+        let iteration = primary.optimizer.iterations();
+        let (seed, micro) = (self.seed, self.micro as u64);
+        let mut views = Vec::with_capacity(n);
+        let mut reducers = self.reducers.iter_mut();
+        views.push(Mutex::new(View {
+            net: primary.net,
+            optimizer: primary.optimizer,
+            tape: primary.tape,
+            reducer: reducers.next().expect("one reducer per replica"),
+        }));
+        for (r, reducer) in self.others.iter_mut().zip(reducers) {
+            views.push(Mutex::new(View {
+                net: &mut r.net,
+                optimizer: r.optimizer.as_mut(),
+                tape: &mut r.tape,
+                reducer,
+            }));
+        }
+        let results = self.strategy.run(|ctx| {
+            let mut view = views[ctx.replica_id]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            // Dropout masks from (seed, update, micro-step, replica): deterministic, so a
+            // resumed run draws the same masks, and different on every replica.
+            let mut rng = Rng::seed_from_u64(seed ^ iteration.rotate_left(20) ^ micro << 10);
+            rng.set_stream(ctx.replica_id as u64);
+            replica_step(
+                &mut view,
+                shards[ctx.replica_id].as_deref(),
+                loss,
+                scale,
+                sync,
+                ctx.comm,
+                &mut rng,
+            )
+        })?;
+        drop(views);
+        let waited: f64 = self
+            .reducers
+            .iter_mut()
+            .map(|r| r.take_wait_time().as_secs_f64())
+            .sum();
+        self.stats.steps += 1;
+        self.stats.exposed_comm_seconds += waited / n as f64;
+        self.stats.step_seconds += started.elapsed().as_secs_f64();
+        let mut total = 0.0;
+        let mut outputs = Vec::with_capacity(n);
+        for r in results.into_values() {
+            let (l, out) = r?;
+            total += l;
+            outputs.extend(out);
+        }
+        let refs: Vec<&Tensor> = outputs.iter().collect();
+        let output = Tensor::concat(&refs, 0)?;
+        Ok((total * self.accumulation as f64, output))
+    }
+}
+
+/// One replica's share of a step: its loss part and its output (none without data).
+fn replica_step(
+    view: &mut View<'_>,
+    shard: Option<&[Tensor]>,
+    loss_fn: &dyn Loss,
+    scale: f64,
+    sync: bool,
+    comm: &dyn Communicator,
+    rng: &mut Rng,
+) -> Result<(f64, Option<Tensor>)> {
+    let View {
+        net,
+        optimizer,
+        tape,
+        reducer,
+    } = view;
+    reducer.begin(sync)?;
+    let mut part = (0.0, None);
+    if let Some([x, y]) = shard {
+        let out = net.forward(tape, x.clone(), true, rng)?;
+        let loss = loss_fn.compute(&out, y, Reduction::Sum)?.scale(scale)?;
+        tape.backward_with(&loss, |key, g| {
+            reducer.grad_ready(comm, key, g).map_err(|e| e.to_string())
+        })?;
+        part = (
+            loss.value().to_dtype(DType::F64)?.to_scalar::<f64>()?,
+            Some(out.output.value().clone()),
+        );
+    }
+    // Release the tape's references to the parameters so the update is in place.
+    tape.clear();
+    if let Some(grads) = reducer.finish(comm)? {
+        optimizer.step(net.params_mut(), &grads)?;
+        reducer.reclaim(grads);
+    }
+    Ok(part)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use mirra_nn::loss::SparseCategoricalCrossentropy;
+    use mirra_nn::{Accuracy, Activation, Dense, Flatten, Sequential};
+    use mirra_optim::Adam;
+    use mirra_strategy::{MirroredStrategy, StrategyConfig};
+    use mirra_tensor::init::{rng, Initializer};
+    use mirra_tensor::{DType, Device, Tensor};
+
+    use crate::Model;
+
+    fn net() -> Sequential {
+        let mut n = Sequential::new(vec![
+            Box::new(Flatten),
+            Box::new(Dense::new(16, Activation::Relu)),
+            Box::new(Dense::new(8, Activation::Relu)),
+            Box::new(Dense::new(3, Activation::Softmax)),
+        ]);
+        n.build(&[6], 11).unwrap();
+        n
+    }
+
+    fn compile(strategy: Option<Arc<MirroredStrategy>>) -> Model {
+        let opt = Box::new(Adam::new(0.01));
+        let loss = Box::new(SparseCategoricalCrossentropy::default());
+        match strategy {
+            None => Model::compile(net(), opt, loss, vec![Box::new(Accuracy::new())], 1),
+            Some(s) => {
+                let built = s.scope(net);
+                Model::compile_in(s, built, opt, loss, vec![Box::new(Accuracy::new())], 1).unwrap()
+            }
+        }
+    }
+
+    /// `n` examples of 6 features with labels in 0..3 that depend on the features.
+    fn data(n: usize) -> (Tensor, Tensor) {
+        let normal = Initializer::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        let x = normal
+            .init(&[n, 6], DType::F32, Device::Cpu, &mut rng(5))
+            .unwrap();
+        let v = x.to_vec::<f32>().unwrap();
+        let y: Vec<i64> = v
+            .chunks(6)
+            .map(|r| (r[0] + r[1] > 0.0) as i64 + (r[2] > 0.5) as i64)
+            .collect();
+        (x, Tensor::from_vec(y, &[n], Device::Cpu).unwrap())
+    }
+
+    /// Losses of `steps` steps over batches of `batch` (the last one partial), checking
+    /// after every step that the replicas are bitwise identical.
+    fn trajectory(model: &mut Model, steps: usize, batch: usize, last: usize) -> Vec<f64> {
+        let (x, y) = data((steps - 1) * batch + last);
+        (0..steps)
+            .map(|s| {
+                let len = if s + 1 == steps { last } else { batch };
+                let xb = x.narrow(0, s * batch, len).unwrap();
+                let yb = y.narrow(0, s * batch, len).unwrap();
+                let out = model.train_step(xb, &yb).unwrap();
+                assert_eq!(out.output.dims(), &[len, 3]);
+                model.check_replicas_in_sync().unwrap();
+                out.loss
+            })
+            .collect()
+    }
+
+    fn strategy(replicas: usize, collective: &str, bucket_bytes: usize) -> Arc<MirroredStrategy> {
+        let config = StrategyConfig::cpu(replicas)
+            .with_collective(collective)
+            .with_bucket_bytes(bucket_bytes)
+            .with_threads_per_replica(1);
+        Arc::new(MirroredStrategy::new(config).unwrap())
+    }
+
+    #[test]
+    fn replicas_follow_the_single_device_trajectory_and_stay_identical() {
+        // 50 steps of 32, the last one of 5 (4 replicas get 2, 2, 1, 0 examples).
+        let single = trajectory(&mut compile(None), 50, 32, 5);
+        for (replicas, collective) in [(1, "ring"), (2, "tree"), (4, "ring"), (4, "reduce-to-one")]
+        {
+            let mut m = compile(Some(strategy(replicas, collective, 1 << 20)));
+            let got = trajectory(&mut m, 50, 32, 5);
+            for (step, (a, b)) in got.iter().zip(&single).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs(),
+                    "{replicas} replicas ({collective}), step {step}: loss {a} vs {b}"
+                );
+            }
+            let w = m.get_weights();
+            let w1 = compile(None);
+            assert_eq!(w.len(), w1.get_weights().len());
+        }
+    }
+
+    #[test]
+    fn bucketing_changes_nothing() {
+        let mut whole = compile(Some(strategy(2, "ring", 1 << 20)));
+        let mut split = compile(Some(strategy(2, "ring", 64)));
+        assert_eq!(
+            trajectory(&mut whole, 10, 16, 16),
+            trajectory(&mut split, 10, 16, 16)
+        );
+        for ((_, a), (_, b)) in whole.get_weights().iter().zip(split.get_weights()) {
+            assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        }
+    }
+
+    #[test]
+    fn accumulated_micro_batches_make_one_update_of_their_union() {
+        let (x, y) = data(64);
+        let mut big = compile(Some(strategy(2, "ring", 1 << 20)));
+        big.train_step(x.clone(), &y).unwrap();
+        let mut micro = compile(Some(strategy(2, "ring", 256)));
+        micro.set_accumulation_steps(4).unwrap();
+        for k in 0..4 {
+            let xb = x.narrow(0, 16 * k, 16).unwrap();
+            let yb = y.narrow(0, 16 * k, 16).unwrap();
+            micro.train_step(xb, &yb).unwrap();
+            micro.check_replicas_in_sync().unwrap();
+        }
+        assert_eq!(micro.optimizer().iterations(), 1);
+        for ((name, a), (_, b)) in big.get_weights().iter().zip(micro.get_weights()) {
+            for (p, q) in a
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .zip(b.to_vec::<f32>().unwrap())
+            {
+                assert!(
+                    (p - q).abs() <= 1e-5 * (1.0 + p.abs()),
+                    "{name}: {p} vs {q}"
+                );
+            }
+        }
+        let mut single = compile(None);
+        assert!(single.set_accumulation_steps(2).is_err());
+        assert!(single.set_accumulation_steps(1).is_ok());
+    }
+
+    #[test]
+    fn a_model_built_outside_the_scope_is_refused() {
+        let s = strategy(2, "ring", 1 << 20);
+        let e = Model::compile_in(
+            s,
+            net(),
+            Box::new(Adam::new(0.01)),
+            Box::new(SparseCategoricalCrossentropy::default()),
+            vec![],
+            1,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("were created outside the strategy's scope"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn setters_reach_every_replica() {
+        let mut m = compile(Some(strategy(3, "ring", 1 << 20)));
+        let (x, y) = data(12);
+        m.train_step(x.clone(), &y).unwrap();
+        m.set_learning_rate(0.5);
+        let zeros: Vec<Tensor> = m
+            .get_weights()
+            .iter()
+            .map(|(_, w)| w.zeros_like().unwrap())
+            .collect();
+        m.set_weights(zeros).unwrap();
+        m.check_replicas_in_sync().unwrap();
+        let state = m.optimizer_state();
+        m.load_optimizer_state(&state).unwrap();
+        m.train_step(x, &y).unwrap();
+        m.check_replicas_in_sync().unwrap();
+        // The check does look: replica 0 changed alone is caught.
+        let w = &mut m.net_mut().params_mut()[2];
+        *w = w.full_like(1.0).unwrap();
+        let e = m.check_replicas_in_sync().unwrap_err().to_string();
+        assert_eq!(e, "replica 1 differs from replica 0 in `dense_1/kernel`");
+    }
+}

@@ -1,0 +1,195 @@
+//! `--checkpoint-dir` and `--resume` through the `mirra` binary, with a real kill.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mirra::train::Checkpoint;
+
+/// The settings of the runs on the bundled data: few, large batches (32 steps per epoch).
+const SETTINGS: [&str; 4] = ["--seed", "5", "--batch-size", "256"];
+
+/// `mirra train` with `args` and `--checkpoint-dir dir`.
+fn command(args: &[&str], dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mirra"));
+    c.arg("train").args(args).arg("--checkpoint-dir").arg(dir);
+    c
+}
+
+fn mirra(args: &[&str], dir: &Path) -> Output {
+    command(args, dir).output().expect("mirra runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The step, epoch and every tensor's bytes (weights, then optimizer state) of a
+/// checkpoint file.
+fn contents(path: &Path) -> (u64, usize, Vec<(String, Vec<u8>)>) {
+    let c = Checkpoint::read(path).unwrap();
+    let tensors = c
+        .weights
+        .iter()
+        .chain(&c.optimizer_state)
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.contiguous().unwrap().as_bytes().unwrap().to_vec(),
+            )
+        })
+        .collect();
+    (c.step, c.meta.epoch, tensors)
+}
+
+#[test]
+fn a_killed_run_resumed_ends_with_the_bits_of_an_uninterrupted_one() {
+    let whole = tempfile::tempdir().unwrap();
+    let three = [&SETTINGS[..], &["--epochs", "3"]].concat();
+    let out = mirra(&three, whole.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let killed = tempfile::tempdir().unwrap();
+    let last = killed.path().join("last.safetensors");
+    let mut child = command(&three, killed.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("mirra starts");
+    let start = Instant::now();
+    while !last.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "no checkpoint after 5 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let still_running = child.try_wait().unwrap().is_none();
+    child.kill().expect("SIGKILL");
+    child.wait().unwrap();
+    let (_, done, _) = contents(&last);
+    // An epoch takes about 0.1 s: the kill lands in epoch 2 unless this thread was not
+    // scheduled for the whole rest of the run.
+    assert!(
+        still_running && done < 3,
+        "the run ended ({done} epochs) before it could be killed"
+    );
+
+    let out = mirra(&[&three[..], &["--resume"]].concat(), killed.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let said = format!(
+        "{done} epochs done (step {}), continuing at epoch {}",
+        done * 32,
+        done + 1
+    );
+    assert!(stdout.contains(&said), "{stdout}");
+    let (step, epochs, tensors) = contents(&last);
+    assert_eq!((step, epochs), (3 * 32, 3));
+    let (_, _, uninterrupted) = contents(&whole.path().join("last.safetensors"));
+    let names = |t: &[(String, Vec<u8>)]| t.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&tensors), names(&uninterrupted));
+    // Named, not printed: the tensors are megabytes.
+    let differ: Vec<&str> = tensors
+        .iter()
+        .zip(&uninterrupted)
+        .filter(|(a, b)| a.1 != b.1)
+        .map(|(a, _)| a.0.as_str())
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "differ from the uninterrupted run: {differ:?}"
+    );
+}
+
+#[test]
+fn resume_in_an_empty_directory_starts_from_epoch_1_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = mirra(
+        &[&SETTINGS[..], &["--epochs", "1", "--resume"]].concat(),
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let said = format!(
+        "No checkpoint in {}: starting from epoch 1",
+        dir.path().display()
+    );
+    assert!(stdout.contains(&said), "{stdout}");
+    assert!(stdout.contains("Epoch 1/1 - "), "{stdout}");
+    for file in ["last.safetensors", "best.safetensors"] {
+        assert_eq!(contents(&dir.path().join(file)).1, 1, "{file}");
+    }
+}
+
+/// Another run's checkpoint, a broken one, or `--resume` alone: one line, exit 2.
+#[test]
+fn resuming_with_other_settings_or_a_broken_checkpoint_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = mirra(&[&SETTINGS[..], &["--epochs", "1"]].concat(), dir.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let last = dir.path().join("last.safetensors");
+
+    // Only `mlp` exists: a checkpoint of another model is made by editing its metadata.
+    let other_model = tempfile::tempdir().unwrap();
+    let mut c = Checkpoint::read(&last).unwrap();
+    c.meta.extra.insert("model".into(), "cnn".into());
+    c.save(&other_model.path().join("last.safetensors"))
+        .unwrap();
+    let truncated = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(&last).unwrap();
+    let broken = truncated.path().join("last.safetensors");
+    std::fs::write(&broken, &bytes[..bytes.len() / 2]).unwrap();
+
+    let was_written = |dir: &Path, with: &str| {
+        format!(
+            "checkpoint {} was written with {with}",
+            dir.join("last.safetensors").display()
+        )
+    };
+    let cases: [(&[&str], &Path, String); 4] = [
+        (
+            &["--seed", "6", "--batch-size", "256"],
+            dir.path(),
+            was_written(dir.path(), "--seed 5, not --seed 6"),
+        ),
+        (
+            &["--seed", "5", "--batch-size", "128"],
+            dir.path(),
+            was_written(dir.path(), "--batch-size 256, not --batch-size 128"),
+        ),
+        (
+            &SETTINGS,
+            other_model.path(),
+            was_written(other_model.path(), "--model cnn, not --model mlp"),
+        ),
+        (
+            &SETTINGS,
+            truncated.path(),
+            format!(
+                "checkpoint {}: not a complete safetensors file",
+                broken.display()
+            ),
+        ),
+    ];
+    for (args, dir, needle) in cases {
+        let out = mirra(&[args, &["--epochs", "2", "--resume"]].concat(), dir);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(&needle),
+            "{args:?}: {err}"
+        );
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_mirra"))
+        .args(["train", "--resume"])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "error: --resume needs --checkpoint-dir DIR (the directory of the run to continue)"
+    );
+}
