@@ -44,8 +44,19 @@ fn contents(path: &Path) -> (u64, usize, Vec<(String, Vec<u8>)>) {
 
 #[test]
 fn a_killed_run_resumed_ends_with_the_bits_of_an_uninterrupted_one() {
+    killed_and_resumed(&[]);
+}
+
+#[test]
+fn a_killed_mirrored_run_resumed_ends_with_the_bits_of_an_uninterrupted_one() {
+    killed_and_resumed(&["--replicas", "2", "--collective", "tree"]);
+}
+
+/// Kill a 3-epoch run (with `extra` flags) after its first checkpoint, resume it, and
+/// compare its last checkpoint bitwise with an uninterrupted run's.
+fn killed_and_resumed(extra: &[&str]) {
     let whole = tempfile::tempdir().unwrap();
-    let three = [&SETTINGS[..], &["--epochs", "3"]].concat();
+    let three = [&SETTINGS[..], &["--epochs", "3"], extra].concat();
     let out = mirra(&three, whole.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
 
