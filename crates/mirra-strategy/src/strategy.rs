@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mirra_collectives::{cpu_group, Config, ReduceOp, BACKENDS};
+use mirra_device::Device;
 use mirra_nn::Sequential;
 use mirra_tensor::Tensor;
 
@@ -36,6 +37,18 @@ impl StrategyConfig {
             threads_per_replica: None,
             collectives: Config::default(),
         }
+    }
+
+    /// One replica per device of `devices` (TensorFlow's `MirroredStrategy(devices=...)`).
+    /// This build runs replicas on the CPU only: a CUDA device is an error that says so;
+    /// each `Device::Cpu` entry is one CPU replica.
+    pub fn devices(devices: &[Device]) -> Result<StrategyConfig> {
+        for &d in devices {
+            // The device layer names what is missing (e.g. a build without CUDA).
+            mirra_device::Buffer::alloc(mirra_device::DType::U8, 0, d)
+                .map_err(|e| StrategyError::Tensor(e.into()))?;
+        }
+        Ok(StrategyConfig::cpu(devices.len()))
     }
 
     /// This config with another collective backend.
@@ -341,6 +354,17 @@ mod tests {
         assert_eq!(e.to_string(), "replica 1 panicked: bad step");
         // The replicas survive a panicking step.
         assert_eq!(s.run(|ctx| ctx.num_replicas).unwrap().values(), &[3, 3, 3]);
+    }
+
+    #[test]
+    fn replicas_from_a_device_list() {
+        let c = StrategyConfig::devices(&[Device::Cpu, Device::Cpu, Device::Cpu]).unwrap();
+        assert_eq!(MirroredStrategy::new(c).unwrap().num_replicas_in_sync(), 3);
+        let e = StrategyConfig::devices(&[Device::Cpu, Device::Cuda(1)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cuda"), "{e}");
+        assert!(MirroredStrategy::new(StrategyConfig::devices(&[]).unwrap()).is_err());
     }
 
     #[test]
