@@ -117,7 +117,7 @@ struct Row {
     exposed: f64,
 }
 
-fn plan(quick: bool) -> Plan {
+pub(crate) fn plan(quick: bool) -> Plan {
     if quick {
         Plan {
             warm_up: Duration::from_millis(100),
@@ -135,7 +135,7 @@ fn plan(quick: bool) -> Plan {
 
 /// Samples/s of training steps at `global_batch`, and the exposed-communication share
 /// (0 without a strategy).
-fn throughput(
+pub(crate) fn throughput(
     strategy: Option<Arc<MirroredStrategy>>,
     global_batch: usize,
     plan: Plan,

@@ -17,6 +17,8 @@ mod nccl;
 mod numpy;
 mod ranks;
 mod rss;
+mod scaling;
+mod scaling_measured;
 mod table;
 mod timing;
 
@@ -41,8 +43,8 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ),
     (
         "scaling",
-        "samples/s against replica count (not written yet)",
-        false,
+        "modelled samples/s, efficiency on NVLink/PCIe/IB machines -> target/bench/scaling-model.json",
+        true,
     ),
     (
         "report",
@@ -94,6 +96,11 @@ fn usage() -> String {
         "\n`cargo xtask bench-mirrored` flags:\n{}",
         bench_mirrored::FLAGS_HELP
     ));
+    s.push_str(&format!(
+        "\n`cargo xtask scaling` flags:\n{}{}",
+        scaling::FLAGS_HELP,
+        scaling_measured::FLAGS_HELP
+    ));
     s
 }
 
@@ -111,6 +118,7 @@ fn main() -> ExitCode {
         Some("bench") => bench_core::run(&args[1..]),
         Some("bench-collectives") => bench_collectives::run(&args[1..]),
         Some("bench-mirrored") => bench_mirrored::run(&args[1..]),
+        Some("scaling") => scaling::run(&args[1..]),
         Some(cmd) => match COMMANDS.iter().find(|(name, _, _)| *name == cmd) {
             Some((_, _, false)) => Err(Failure::run(format!(
                 "xtask: `{cmd}` is not written yet (it comes with the collectives and the \

@@ -1,0 +1,344 @@
+//! The machines the model knows. Every number is cited here and in `docs/SCALING.md`; the
+//! achievable fraction of each line rate is [`LinkKind::efficiency`].
+//!
+//! Devices are ranked in the order they are added: host by host, GPU by GPU, as NCCL ranks
+//! them when one process drives each GPU in order.
+
+use crate::schedule::Overheads;
+use crate::topology::{DeviceModel, LinkKind, NodeKind, Topology};
+use crate::{Result, ScalingError};
+
+/// The preset names (`ib-<N>node` takes any `N` in `2..=`[`MAX_IB_NODES`]).
+pub const NAMES: &[&str] = &[
+    "dgx-h100",
+    "4xv100-nvlink",
+    "2gpu-nvlink-bridge",
+    "8gpu-pcie4",
+    "8gpu-pcie5",
+    "ib-2node",
+    "dgx1-v100",
+];
+
+/// The most hosts an `ib-<N>node` preset joins.
+pub const MAX_IB_NODES: usize = 32;
+
+/// NVLink 4 per H100, one direction: 18 links, 450 GB/s (stas00/ml-engineering
+/// `network/README.md`, NVLink table; NVIDIA/nccl-tests issue 212).
+pub const NVLINK4_PER_GPU_GBS: f64 = 450.0;
+
+/// One NVLink 2 or 3 link, one direction: 25 GB/s (V100: 6 links, 150 GB/s; A100: 12 links,
+/// 300 GB/s; stas00/ml-engineering `network/README.md`, NVLink table).
+pub const NVLINK_PER_LINK_GBS: f64 = 25.0;
+
+/// PCIe 4.0 x16, one direction (PCIe specification; stas00/ml-engineering PCIe table).
+pub const PCIE4_X16_GBS: f64 = 31.5;
+
+/// PCIe 5.0 x16, one direction (same sources).
+pub const PCIE5_X16_GBS: f64 = 63.0;
+
+/// InfiniBand NDR, one 400 Gbit/s port (ConnectX-7), one direction: 50 GB/s
+/// (stas00/ml-engineering `network/README.md`, InfiniBand table).
+pub const NDR_PORT_GBS: f64 = 50.0;
+
+/// Peer-to-peer bandwidth between AMD EPYC sockets that NCCL assumes (`AMD_BW`, NVIDIA/nccl
+/// `src/graph/topo.h`, v2.30.7). PUBLIC-FIGURES.md's A100 pair that crosses sockets measured
+/// 20 GB/s (NVIDIA/nccl-tests issue 178).
+pub const AMD_INTER_SOCKET_GBS: f64 = 16.0;
+
+/// Peer-to-peer bandwidth between Intel Sapphire Rapids sockets that NCCL assumes
+/// (`SRP_QPI_BW`, same file).
+pub const SPR_INTER_SOCKET_GBS: f64 = 22.0;
+
+/// NVLinks between the GPUs of a DGX-1 with V100 (hybrid cube-mesh), as `nvidia-smi topo -m`
+/// prints it on 8x V100 SXM2 servers (NV1/NV2; e.g. the test reports of Oneflow-Inc/DLPerf).
+/// Every GPU has 6 links.
+const DGX1_NVLINKS: [[u8; 8]; 8] = [
+    [0, 1, 1, 2, 2, 0, 0, 0],
+    [1, 0, 2, 1, 0, 2, 0, 0],
+    [1, 2, 0, 2, 0, 0, 1, 0],
+    [2, 1, 2, 0, 0, 0, 0, 1],
+    [2, 0, 0, 0, 0, 1, 1, 2],
+    [0, 2, 0, 0, 1, 0, 2, 1],
+    [0, 0, 1, 0, 1, 2, 0, 2],
+    [0, 0, 0, 1, 2, 1, 2, 0],
+];
+
+/// Builds a preset by name.
+pub fn build(name: &str) -> Result<Topology> {
+    match name {
+        "dgx-h100" => dgx_h100(),
+        "4xv100-nvlink" => v100_cube_mesh(
+            name,
+            4,
+            "4x V100 SXM2, fully joined by NVLink 2 (a DGX-1 quad, hybrid cube-mesh: NCCL builds \
+             rings over the NVLinks)",
+        ),
+        "dgx1-v100" => v100_cube_mesh(
+            name,
+            8,
+            "DGX-1: 8x V100 SXM2 in an NVLink 2 hybrid cube-mesh",
+        ),
+        "2gpu-nvlink-bridge" => nvlink_bridge(),
+        "8gpu-pcie4" => pcie_two_sockets(
+            name,
+            DeviceModel::A100,
+            PCIE4_X16_GBS,
+            AMD_INTER_SOCKET_GBS,
+            "8x A100 PCIe on PCIe 4 x16 behind the host bridges of two AMD EPYC sockets",
+        ),
+        "8gpu-pcie5" => pcie_two_sockets(
+            name,
+            DeviceModel::H100,
+            PCIE5_X16_GBS,
+            SPR_INTER_SOCKET_GBS,
+            "8x H100 PCIe on PCIe 5 x16 behind the host bridges of two Sapphire Rapids sockets",
+        ),
+        _ => match ib_hosts(name) {
+            Some(hosts) => ib_cluster(hosts),
+            None => Err(ScalingError::UnknownTopology {
+                name: name.to_string(),
+                known: format!("{}, ib-<N>node (N = 2..={MAX_IB_NODES})", NAMES.join(", ")),
+            }),
+        },
+    }
+}
+
+/// `N` of `ib-<N>node`, when in range.
+fn ib_hosts(name: &str) -> Option<usize> {
+    let n: usize = name
+        .strip_prefix("ib-")?
+        .strip_suffix("node")?
+        .parse()
+        .ok()?;
+    (2..=MAX_IB_NODES).contains(&n).then_some(n)
+}
+
+/// One DGX H100 board: 8 H100 each with 18 NVLink 4 links into the NVSwitches (modelled as
+/// one non-blocking switch node). Returns the GPU node ids.
+fn add_dgx_h100_board(t: &mut Topology, host: usize, prefix: &str) -> Result<Vec<usize>> {
+    let switch = t.add_node(format!("{prefix}nvswitch"), NodeKind::NvSwitch, Some(host));
+    (0..8)
+        .map(|i| {
+            let gpu = t.add_node(format!("{prefix}gpu{i}"), NodeKind::Device, Some(host));
+            t.add_link(gpu, switch, LinkKind::NvLink, NVLINK4_PER_GPU_GBS, 0.0)?;
+            Ok(gpu)
+        })
+        .collect()
+}
+
+fn dgx_h100() -> Result<Topology> {
+    let mut t = Topology::new(
+        "dgx-h100",
+        "DGX H100: 8x H100 SXM, NVLink 4 (450 GB/s per GPU per direction) through NVSwitch",
+        DeviceModel::H100,
+    );
+    add_dgx_h100_board(&mut t, 0, "")?;
+    Ok(t)
+}
+
+/// `hosts` DGX H100 joined by InfiniBand NDR: each GPU has its own ConnectX-7 (400 Gbit/s) on a
+/// PCIe 5 x16 path, and every NIC plugs into one non-blocking switch (a rail-optimised
+/// fabric with full bisection).
+fn ib_cluster(hosts: usize) -> Result<Topology> {
+    let mut t = Topology::new(
+        format!("ib-{hosts}node"),
+        format!(
+            "{hosts}x DGX H100 joined by InfiniBand NDR: one 400 Gbit/s ConnectX-7 per GPU, \
+             one non-blocking switch"
+        ),
+        DeviceModel::H100,
+    );
+    let fabric = t.add_node("ib-switch", NodeKind::NetworkSwitch, None);
+    for h in 0..hosts {
+        let prefix = format!("host{h}/");
+        for (i, gpu) in add_dgx_h100_board(&mut t, h, &prefix)?
+            .into_iter()
+            .enumerate()
+        {
+            let nic = t.add_node(format!("{prefix}nic{i}"), NodeKind::Nic, Some(h));
+            t.add_link(gpu, nic, LinkKind::Pcie, PCIE5_X16_GBS, 0.0)?;
+            t.add_link(nic, fabric, LinkKind::InfiniBand, NDR_PORT_GBS, 0.0)?;
+        }
+    }
+    Ok(t)
+}
+
+/// The first `gpus` GPUs of a DGX-1's hybrid cube-mesh, with the NVLinks among them.
+fn v100_cube_mesh(name: &str, gpus: usize, description: &str) -> Result<Topology> {
+    let mut t = Topology::new(name, description, DeviceModel::V100Sxm2);
+    let ids: Vec<usize> = (0..gpus)
+        .map(|i| t.add_node(format!("gpu{i}"), NodeKind::Device, Some(0)))
+        .collect();
+    for i in 0..gpus {
+        for j in i + 1..gpus {
+            let links = DGX1_NVLINKS[i][j];
+            if links > 0 {
+                let gbs = f64::from(links) * NVLINK_PER_LINK_GBS;
+                t.add_link(ids[i], ids[j], LinkKind::NvLink, gbs, 0.0)?;
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Two A100 PCIe joined by three NVLink bridges (NV12: 12 links, 300 GB/s per direction),
+/// each also on PCIe 4 x16 to the host bridge.
+fn nvlink_bridge() -> Result<Topology> {
+    let mut t = Topology::new(
+        "2gpu-nvlink-bridge",
+        "2x A100 PCIe joined by NVLink bridges (NV12, 300 GB/s per direction), PCIe 4 to the host",
+        DeviceModel::A100,
+    );
+    let cpu = t.add_node("cpu0", NodeKind::HostBridge, Some(0));
+    let a = t.add_node("gpu0", NodeKind::Device, Some(0));
+    let b = t.add_node("gpu1", NodeKind::Device, Some(0));
+    t.add_link(a, b, LinkKind::NvLink, 12.0 * NVLINK_PER_LINK_GBS, 0.0)?;
+    for gpu in [a, b] {
+        t.add_link(gpu, cpu, LinkKind::Pcie, PCIE4_X16_GBS, 0.0)?;
+    }
+    Ok(t)
+}
+
+/// 8 GPUs, 4 per socket, each on its own x16 root port; the sockets joined by the
+/// inter-socket link.
+fn pcie_two_sockets(
+    name: &str,
+    device: DeviceModel,
+    pcie_gbs: f64,
+    inter_socket_gbs: f64,
+    description: &str,
+) -> Result<Topology> {
+    let mut t = Topology::new(name, description, device);
+    let cpus = [
+        t.add_node("cpu0", NodeKind::HostBridge, Some(0)),
+        t.add_node("cpu1", NodeKind::HostBridge, Some(0)),
+    ];
+    t.add_link(
+        cpus[0],
+        cpus[1],
+        LinkKind::InterSocket,
+        inter_socket_gbs,
+        0.0,
+    )?;
+    for i in 0..8 {
+        let gpu = t.add_node(format!("gpu{i}"), NodeKind::Device, Some(0));
+        t.add_link(gpu, cpus[i / 4], LinkKind::Pcie, pcie_gbs, 0.0)?;
+    }
+    Ok(t)
+}
+
+/// `ranks` threads of this host exchanging data through its memory, as mirra's CPU
+/// collectives do: each thread's path to memory moves `copy_gbs` (a measured one-thread
+/// memcpy rate, bytes counted once) and every step of a schedule costs `step_us` (measured
+/// from a small all-reduce: its time over its number of steps), with no per-call overhead.
+pub fn shared_memory(ranks: usize, copy_gbs: f64, step_us: f64) -> Result<Topology> {
+    let mut t = Topology::new(
+        "host-shm",
+        format!("{ranks} threads of this host through shared memory"),
+        DeviceModel::HostThread,
+    );
+    if !(step_us.is_finite() && step_us >= 0.0) {
+        return Err(ScalingError::InvalidTopology {
+            topology: t.name().to_string(),
+            reason: format!("step overhead {step_us} us is negative"),
+        });
+    }
+    let memory = t.add_node("memory", NodeKind::Memory, Some(0));
+    for r in 0..ranks {
+        let thread = t.add_node(format!("rank{r}"), NodeKind::Device, Some(0));
+        t.add_link(thread, memory, LinkKind::SharedMemory, copy_gbs, 0.0)?;
+    }
+    t.set_overheads(Overheads::uniform(0.0, step_us));
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::HwClass;
+
+    fn every_preset() -> Vec<Topology> {
+        let mut all: Vec<Topology> = NAMES.iter().map(|n| build(n).unwrap()).collect();
+        all.push(build("ib-3node").unwrap());
+        all
+    }
+
+    #[test]
+    fn every_preset_is_connected_and_routes_between_all_devices() {
+        for t in every_preset() {
+            assert!(t.devices().len() >= 2, "{}", t.name());
+            for &a in t.devices() {
+                for &b in t.devices() {
+                    if a == b {
+                        continue;
+                    }
+                    let r = t.route(a, b).unwrap();
+                    // The hops chain from a to b.
+                    let mut at = a;
+                    for &h in &r.hops {
+                        let (from, to) = t.ends(h);
+                        assert_eq!(from, at, "{}: {a}->{b}", t.name());
+                        at = to;
+                    }
+                    assert_eq!(at, b);
+                    assert!(r.bottleneck_gbs > 0.0 && r.bottleneck_gbs.is_finite());
+                }
+            }
+            // Every node (switches, NICs, bridges) is reachable too.
+            for n in 0..t.nodes().len() {
+                t.route(t.devices()[0], n).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn presets_have_the_cited_shapes() {
+        let t = build("dgx-h100").unwrap();
+        assert_eq!((t.devices().len(), t.device()), (8, DeviceModel::H100));
+        let r = t.route(t.devices()[0], t.devices()[7]).unwrap();
+        assert_eq!((r.hops.len(), r.class), (2, HwClass::NvLink));
+        assert!((r.bottleneck_gbs - 380.0).abs() < 1e-9);
+
+        // Every DGX-1 GPU has 6 NVLinks (150 GB/s per direction); the quad is fully joined.
+        let dgx1 = build("dgx1-v100").unwrap();
+        for &g in dgx1.devices() {
+            let gbs: f64 = dgx1
+                .links()
+                .iter()
+                .filter(|l| l.a == g || l.b == g)
+                .map(|l| l.line_gbs)
+                .sum();
+            assert_eq!(gbs, 150.0);
+        }
+        let quad = build("4xv100-nvlink").unwrap();
+        assert_eq!((quad.devices().len(), quad.links().len()), (4, 6));
+
+        // PCIe: a hop across sockets takes the inter-socket link.
+        let p5 = build("8gpu-pcie5").unwrap();
+        let r = p5.route(p5.devices()[3], p5.devices()[4]).unwrap();
+        assert_eq!((r.hops.len(), r.class), (3, HwClass::Pci));
+        assert_eq!(r.bottleneck_gbs, SPR_INTER_SOCKET_GBS);
+
+        // InfiniBand: each GPU leaves through its own NIC.
+        let ib = build("ib-2node").unwrap();
+        assert_eq!(ib.devices().len(), 16);
+        let r = ib.route(ib.devices()[7], ib.devices()[8]).unwrap();
+        assert_eq!((r.hops.len(), r.class), (4, HwClass::Net));
+        assert!((r.bottleneck_gbs - 48.0).abs() < 1e-9);
+        assert_eq!(ib.nodes()[ib.devices()[8]].host, Some(1));
+    }
+
+    #[test]
+    fn unknown_names_list_the_presets() {
+        for bad in ["dgx-a100", "ib-1node", "ib-33node", "ib-xnode", ""] {
+            let e = build(bad).unwrap_err();
+            assert!(
+                e.to_string().contains("dgx-h100, 4xv100-nvlink") && e.to_string().contains(bad),
+                "{e}"
+            );
+        }
+        assert_eq!(build("ib-32node").unwrap().devices().len(), 256);
+        assert!(shared_memory(2, 10.0, f64::NAN).is_err());
+        assert!(shared_memory(2, 0.0, 1.0).is_err());
+    }
+}
