@@ -4,8 +4,10 @@
 //! For 1, 2 and 4 CPU replicas (the machine's cores shared among them) and each backend,
 //! at a fixed global batch of 256 and at 64 per replica: samples/s (median of repeats of
 //! back-to-back training steps on synthetic MNIST-shaped batches) and the share of step
-//! time the replicas spent waiting for gradient all-reduces that backward did not hide
-//! (`exposed_comm_fraction`). The reference is the same MLP on one device without a
+//! time spent waiting for gradient all-reduces that backward did not hide, on the step's
+//! critical path (`exposed_comm_fraction`: what the replica that finished backward last
+//! still waited), and apart from it the load imbalance (`imbalance_fraction`: how much
+//! longer the others waited, for that replica rather than for the network). The reference is the same MLP on one device without a
 //! strategy, with all cores (`baseline`). Peak RSS of `mirra train --replicas 4` comes
 //! from a real run of the CLI. Results go to a table and `target/bench/mirrored.json`.
 
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 use mirra::collectives::BACKENDS;
 use mirra::strategy::{MirroredStrategy, StrategyConfig};
 use mirra::tensor::set_num_threads;
+use mirra::train::CommStats;
 use serde_json::{json, Value};
 
 use crate::bench_core::{target_dir, workspace_root};
@@ -115,6 +118,7 @@ struct Row {
     global_batch: usize,
     samples_per_sec: f64,
     exposed: f64,
+    imbalance: f64,
 }
 
 pub(crate) fn plan(quick: bool) -> Plan {
@@ -133,13 +137,13 @@ pub(crate) fn plan(quick: bool) -> Plan {
     }
 }
 
-/// Samples/s of training steps at `global_batch`, and the exposed-communication share
-/// (0 without a strategy).
+/// Samples/s of training steps at `global_batch`, and where the distributed steps' time
+/// went (zero without a strategy).
 pub(crate) fn throughput(
     strategy: Option<Arc<MirroredStrategy>>,
     global_batch: usize,
     plan: Plan,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, CommStats), String> {
     let mut model = mlp::compile(strategy)?;
     let data = mlp::synthetic_batches(global_batch)?;
     let mut i = 0usize;
@@ -150,8 +154,8 @@ pub(crate) fn throughput(
         Ok(())
     };
     let samples = measure(plan, &mut step)?;
-    let exposed = model.comm_stats().map_or(0.0, |s| s.exposed_fraction());
-    Ok((global_batch as f64 / samples.median(), exposed))
+    let stats = model.comm_stats().unwrap_or_default();
+    Ok((global_batch as f64 / samples.median(), stats))
 }
 
 pub fn run(args: &[String]) -> Result<(), Failure> {
@@ -173,8 +177,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
          no strategy, {cores} threads) at batch {GLOBAL_BATCH}: {baseline:.0} samples/s"
     );
     println!(
-        "# {:>8} {:>14} {:>12} {:>14} {:>12} {:>9}",
-        "replicas", "collective", "global_batch", "samples/s", "x baseline", "exposed"
+        "# {:>8} {:>14} {:>12} {:>14} {:>12} {:>9} {:>10}",
+        "replicas", "collective", "global_batch", "samples/s", "x baseline", "exposed", "imbalance"
     );
     let mut rows = vec![];
     for &replicas in &o.replicas {
@@ -189,13 +193,15 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                 batches.push(PER_REPLICA_BATCH * replicas);
             }
             for global_batch in batches {
-                let (samples_per_sec, exposed) =
+                let (samples_per_sec, stats) =
                     throughput(Some(Arc::clone(&strategy)), global_batch, plan)
                         .map_err(Failure::run)?;
+                let (exposed, imbalance) = (stats.exposed_fraction(), stats.imbalance_fraction());
                 println!(
-                    "  {replicas:>8} {backend:>14} {global_batch:>12} {samples_per_sec:>14.0} {:>12.3} {:>8.1}%",
+                    "  {replicas:>8} {backend:>14} {global_batch:>12} {samples_per_sec:>14.0} {:>12.3} {:>8.1}% {:>9.1}%",
                     samples_per_sec / baseline,
-                    100.0 * exposed
+                    100.0 * exposed,
+                    100.0 * imbalance
                 );
                 rows.push(Row {
                     replicas,
@@ -203,6 +209,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                     global_batch,
                     samples_per_sec,
                     exposed,
+                    imbalance,
                 });
             }
         }
@@ -283,6 +290,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             "global_batch": r.global_batch,
             "samples_per_sec": num(r.samples_per_sec, 1),
             "exposed_comm_fraction": num(r.exposed, 4),
+            "imbalance_fraction": num(r.imbalance, 4),
         })).collect::<Vec<Value>>(),
         "peak_rss_4_replicas_mb": rss4.map(|x| num(x, 1)),
         "other_processes_cpu_share": others.map(|x| num(x, 3)),

@@ -224,7 +224,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                     .map_err(|e| Failure::run(format!("xtask scaling: {e}")))?,
             );
             let batch = PER_REPLICA_BATCH * replicas;
-            let (sps, exposed) = throughput(Some(strategy), batch, plan).map_err(Failure::run)?;
+            let (sps, stats) = throughput(Some(strategy), batch, plan).map_err(Failure::run)?;
+            let exposed = stats.exposed_fraction();
             let base = *single.get_or_insert(sps);
             let step_s = batch as f64 / sps;
             let efficiency = sps / (replicas as f64 * base);
@@ -243,6 +244,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                 "efficiency": num(efficiency, 4),
                 "exposed_comm_ms": num(exposed * step_s * 1e3, 4),
                 "exposed_comm_fraction": num(exposed, 4),
+                "imbalance_fraction": num(stats.imbalance_fraction(), 4),
             }));
         }
     }

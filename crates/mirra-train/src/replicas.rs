@@ -56,16 +56,29 @@ pub struct CommStats {
     pub steps: u64,
     /// Wall time of those steps, seconds.
     pub step_seconds: f64,
-    /// Time the replicas waited for gradient reductions after backward (communication
-    /// not overlapped with computation), seconds, averaged over the replicas.
+    /// Communication not overlapped with computation, on the step's critical path: per
+    /// step, the time the replica that finished backward last still waited for its
+    /// gradient reductions (the least any replica waited), seconds.
     pub exposed_comm_seconds: f64,
+    /// Load imbalance: per step, how much longer the replicas waited on average than the
+    /// last one to finish backward (they waited for it, not for the network), seconds.
+    pub imbalance_seconds: f64,
 }
 
 impl CommStats {
-    /// The share of step time spent waiting on communication.
+    /// The share of step time spent waiting on communication (critical path).
     pub fn exposed_fraction(&self) -> f64 {
+        self.share(self.exposed_comm_seconds)
+    }
+
+    /// The share of step time the replicas spent, on average, waiting for the slowest.
+    pub fn imbalance_fraction(&self) -> f64 {
+        self.share(self.imbalance_seconds)
+    }
+
+    fn share(&self, seconds: f64) -> f64 {
         if self.step_seconds > 0.0 {
-            self.exposed_comm_seconds / self.step_seconds
+            seconds / self.step_seconds
         } else {
             0.0
         }
@@ -212,13 +225,16 @@ impl Mirrors {
             )
         })?;
         drop(views);
-        let waited: f64 = self
+        let waits: Vec<f64> = self
             .reducers
             .iter_mut()
             .map(|r| r.take_wait_time().as_secs_f64())
-            .sum();
+            .collect();
+        let least = waits.iter().copied().fold(f64::INFINITY, f64::min);
+        let mean = waits.iter().sum::<f64>() / n as f64;
         self.stats.steps += 1;
-        self.stats.exposed_comm_seconds += waited / n as f64;
+        self.stats.exposed_comm_seconds += least;
+        self.stats.imbalance_seconds += mean - least;
         self.stats.step_seconds += started.elapsed().as_secs_f64();
         let mut total = 0.0;
         let mut outputs = Vec::with_capacity(n);
