@@ -190,20 +190,21 @@ pub struct HostMeasurement {
     pub large: (usize, f64),
 }
 
-/// `docs/COLLECTIVES.md`, "Measured": memcpy 10.9 GB/s (1 thread); `ring` 4 KiB in 0.8 us at
-/// 2 ranks and 18 us at 4; 64 MiB at busbw 8.3 GB/s (2 ranks) and 3.8 GB/s (4 ranks).
+/// `docs/COLLECTIVES.md`, "Measured" (`cargo xtask bench-collectives`, 2026-12-03): memcpy
+/// 13.5 GB/s (1 thread); `ring` 4 KiB in 3.2 us at 2 ranks and 16.8 us at 4; 64 MiB at
+/// busbw 10.95 GB/s (2 ranks, 0.809 of memcpy) and 5.70 GB/s (4 ranks, 0.421).
 pub const COLLECTIVES_MD_RING: [HostMeasurement; 2] = [
     HostMeasurement {
         ranks: 2,
-        copy_gbs: 10.9,
-        small: (4 << 10, 0.8e-6),
-        large: (64 << 20, 8.3),
+        copy_gbs: 13.5,
+        small: (4 << 10, 3.2e-6),
+        large: (64 << 20, 10.95),
     },
     HostMeasurement {
         ranks: 4,
-        copy_gbs: 10.9,
-        small: (4 << 10, 18e-6),
-        large: (64 << 20, 3.8),
+        copy_gbs: 13.5,
+        small: (4 << 10, 16.8e-6),
+        large: (64 << 20, 5.70),
     },
 ];
 
