@@ -20,20 +20,27 @@ pub fn opt(x: Option<f64>, digits: i32) -> Value {
     x.map_or(Value::Null, |x| num(x, digits))
 }
 
-/// Writes `value` (pretty-printed, with a final newline) to `path` atomically: into a
-/// temporary file next to it, flushed to disk, then renamed over `path`, so a reader never
-/// sees a half-written file. Creates the parent directory.
+/// Writes `value` (pretty-printed, with a final newline) to `path` atomically, as
+/// [`write_bytes_atomic`].
 pub fn write_atomic(path: &Path, value: &Value) -> std::io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value)?;
+    bytes.push(b'\n');
+    write_bytes_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` atomically: into a temporary file next to it, flushed to disk,
+/// then renamed over `path`, so a reader never sees a half-written file. Creates the parent
+/// directory.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     fs::create_dir_all(dir)?;
     let name = path
         .file_name()
-        .map_or_else(|| "out.json".into(), |n| n.to_string_lossy().into_owned());
+        .map_or_else(|| "out".into(), |n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
         let mut f = fs::File::create(&tmp)?;
-        serde_json::to_writer_pretty(&mut f, value)?;
-        f.write_all(b"\n")?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)
     })();

@@ -16,6 +16,7 @@ mod mlp;
 mod nccl;
 mod numpy;
 mod ranks;
+mod report;
 mod rss;
 mod scaling;
 mod scaling_measured;
@@ -48,8 +49,8 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ),
     (
         "report",
-        "a summary of every target/bench/*.json (not written yet)",
-        false,
+        "scaling report, measured and modelled, SVG plots, baseline check -> target/reports/",
+        true,
     ),
     ("help", "this message", true),
 ];
@@ -101,6 +102,10 @@ fn usage() -> String {
         scaling::FLAGS_HELP,
         scaling_measured::FLAGS_HELP
     ));
+    s.push_str(&format!(
+        "\n`cargo xtask report` flags:\n{}",
+        report::FLAGS_HELP
+    ));
     s
 }
 
@@ -119,6 +124,7 @@ fn main() -> ExitCode {
         Some("bench-collectives") => bench_collectives::run(&args[1..]),
         Some("bench-mirrored") => bench_mirrored::run(&args[1..]),
         Some("scaling") => scaling::run(&args[1..]),
+        Some("report") => report::run(&args[1..]),
         Some(cmd) => match COMMANDS.iter().find(|(name, _, _)| *name == cmd) {
             Some((_, _, false)) => Err(Failure::run(format!(
                 "xtask: `{cmd}` is not written yet (it comes with the collectives and the \

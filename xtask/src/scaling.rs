@@ -129,7 +129,7 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
 }
 
 /// Powers of two up to the topology's devices.
-fn default_replicas(devices: usize) -> Vec<usize> {
+pub(crate) fn default_replicas(devices: usize) -> Vec<usize> {
     std::iter::successors(Some(1usize), |&n| n.checked_mul(2))
         .take_while(|&n| n <= devices)
         .collect()
@@ -163,7 +163,8 @@ fn ms(s: f64) -> Value {
     num(s * 1e3, 4)
 }
 
-fn check_json(c: &Check) -> Value {
+/// A check as `scaling-model.json` (and the report) records it.
+pub(crate) fn check_json(c: &Check) -> Value {
     json!({
         "name": c.name,
         "predicted": num(c.predicted, 3),
@@ -176,7 +177,8 @@ fn check_json(c: &Check) -> Value {
     })
 }
 
-fn report(
+/// The JSON of a prediction on one topology (`scaling-model.json`).
+pub(crate) fn report(
     topo: &Topology,
     model: &ModelProfile,
     p: &Prediction,
@@ -366,6 +368,16 @@ fn lines(topo: &Topology, model: &ModelProfile, p: &Prediction, checks: &[Check]
     l
 }
 
+/// The checks against public figures, then this machine's CPU collectives as
+/// docs/COLLECTIVES.md measured them (2 cores).
+pub(crate) fn all_checks() -> Result<Vec<Check>, ScalingError> {
+    let mut checks = checks::public_figures()?;
+    for m in &checks::COLLECTIVES_MD_RING {
+        checks.push(checks::host_ring(m, 2)?);
+    }
+    Ok(checks)
+}
+
 /// Runs `cargo xtask scaling` with the flags after the command name.
 pub fn run(args: &[String]) -> Result<(), Failure> {
     if !args.iter().any(|a| a == "--topology") {
@@ -381,11 +393,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     let (topo, model, replicas) = resolve(&o, name)?;
     let fail = |e: ScalingError| Failure::run(format!("xtask scaling: {e}"));
     let p = predict::predict(&topo, &model, &replicas, o.bucket_bytes).map_err(fail)?;
-    let mut checks = checks::public_figures().map_err(fail)?;
-    // This machine's CPU collectives as docs/COLLECTIVES.md measured them (2 cores).
-    for m in &checks::COLLECTIVES_MD_RING {
-        checks.push(checks::host_ring(m, 2).map_err(fail)?);
-    }
+    let checks = all_checks().map_err(fail)?;
     let seed = checks::seed_check().map_err(fail)?;
     for line in lines(&topo, &model, &p, &checks) {
         println!("{line}");
