@@ -20,13 +20,13 @@ use mirra_collectives::{Config, BACKENDS, MAX_WORLD_SIZE};
 use serde_json::{json, Map, Value};
 
 use crate::bench_core::{target_dir, workspace_root};
-use crate::json::{num, opt, write_atomic};
+use crate::json::{num, opt, save};
 use crate::machine::{self, CpuSnapshot};
 use crate::nccl::{self, size_label, Op, Row};
 use crate::ranks::{Group, Job};
 use crate::table::mark;
 use crate::timing::{median, Plan, Samples};
-use crate::{memcpy, Failure};
+use crate::{flags, memcpy, Failure};
 
 /// The flags of `cargo xtask bench-collectives`, for the usage message.
 pub const FLAGS_HELP: &str =
@@ -91,11 +91,7 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
     let mut out = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| {
-            it.next().cloned().ok_or_else(|| {
-                Failure::usage(format!("xtask bench-collectives: {flag} needs a value"))
-            })
-        };
+        let mut value = |flag: &str| flags::value("bench-collectives", flag, &mut it);
         match arg.as_str() {
             "--quick" => quick = true,
             "--backends" => {
@@ -572,13 +568,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     for line in summary(&report) {
         println!("{line}");
     }
-    write_atomic(&out_path, &report)
-        .map_err(|e| Failure::run(format!("cannot write {}: {e}", out_path.display())))?;
-    println!(
-        "# wrote {} in {:.0} s",
-        out_path.display(),
-        started.elapsed().as_secs_f64()
-    );
+    save(&out_path, &report, Some(started))?;
     if !errors.is_empty() || wrong > 0 {
         return Err(Failure::run(format!(
             "xtask bench-collectives: {} failed group(s), {wrong} wrong element(s)",
@@ -592,9 +582,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    fn args(s: &[&str]) -> Vec<String> {
-        s.iter().map(|a| a.to_string()).collect()
-    }
+    use crate::flags::args;
 
     #[test]
     fn flags_parse_and_bad_ones_are_usage_errors() {

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use crate::json::{num, opt, write_atomic};
+use crate::json::{num, opt, save};
 use crate::timing::Plan;
-use crate::{compare, machine, mlp, rss, table, Failure};
+use crate::{compare, flags, machine, mlp, rss, table, Failure};
 
 /// The flags of `cargo xtask bench`, for the usage message.
 pub const FLAGS_HELP: &str =
@@ -64,11 +64,7 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| Failure::usage(format!("xtask bench: {flag} needs a value")))
-        };
+        let mut value = |flag: &str| flags::value("bench", flag, &mut it);
         match arg.as_str() {
             "--threads" => {
                 let v = value("--threads")?;
@@ -293,9 +289,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
 
     let report = Value::Object(report);
     table::print_core(&report);
-    write_atomic(&out_path, &report)
-        .map_err(|e| Failure::run(format!("cannot write {}: {e}", out_path.display())))?;
-    println!("wrote {}", out_path.display());
+    save(&out_path, &report, None)?;
     Ok(())
 }
 
@@ -303,9 +297,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    fn args(s: &[&str]) -> Vec<String> {
-        s.iter().map(|a| a.to_string()).collect()
-    }
+    use crate::flags::args;
 
     #[test]
     fn flags_parse_and_unknown_flags_are_usage_errors() {

@@ -22,9 +22,9 @@ use mirra::train::CommStats;
 use serde_json::{json, Value};
 
 use crate::bench_core::{target_dir, workspace_root};
-use crate::json::{num, write_atomic};
+use crate::json::{num, save};
 use crate::timing::{measure, Plan};
-use crate::{machine, mlp, rss, Failure};
+use crate::{flags, machine, mlp, rss, Failure};
 
 /// The flags of `cargo xtask bench-mirrored`, for the usage message.
 pub const FLAGS_HELP: &str =
@@ -69,26 +69,13 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| {
-            it.next().cloned().ok_or_else(|| {
-                Failure::usage(format!("xtask bench-mirrored: {flag} needs a value"))
-            })
-        };
+        let mut value = |flag: &str| flags::value("bench-mirrored", flag, &mut it);
         match arg.as_str() {
             "--quick" => o.quick = true,
             "--no-rss" => o.rss = false,
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--replicas" => {
-                let v = value("--replicas")?;
-                o.replicas = v
-                    .split(',')
-                    .map(|p| p.trim().parse::<usize>().ok().filter(|&n| n > 0))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| {
-                        Failure::usage(format!(
-                            "xtask bench-mirrored: --replicas takes positive integers like 1,2,4, got `{v}`"
-                        ))
-                    })?;
+                o.replicas = flags::counts("bench-mirrored", "--replicas", &value("--replicas")?)?;
             }
             "--backends" => {
                 let v = value("--backends")?;
@@ -295,12 +282,6 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         "peak_rss_4_replicas_mb": rss4.map(|x| num(x, 1)),
         "other_processes_cpu_share": others.map(|x| num(x, 3)),
     });
-    write_atomic(&out_path, &report)
-        .map_err(|e| Failure::run(format!("cannot write {}: {e}", out_path.display())))?;
-    println!(
-        "# wrote {} in {:.0} s",
-        out_path.display(),
-        started.elapsed().as_secs_f64()
-    );
+    save(&out_path, &report, Some(started))?;
     Ok(())
 }

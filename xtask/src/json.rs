@@ -28,6 +28,26 @@ pub fn write_atomic(path: &Path, value: &Value) -> std::io::Result<()> {
     write_bytes_atomic(path, &bytes)
 }
 
+/// [`write_atomic`] for a command: a failure names the file, success says where it went
+/// and, with `started`, how long the command took.
+pub fn save(
+    path: &Path,
+    value: &Value,
+    started: Option<std::time::Instant>,
+) -> Result<(), crate::Failure> {
+    write_atomic(path, value)
+        .map_err(|e| crate::Failure::run(format!("cannot write {}: {e}", path.display())))?;
+    match started {
+        Some(t) => println!(
+            "# wrote {} in {:.0} s",
+            path.display(),
+            t.elapsed().as_secs_f64()
+        ),
+        None => println!("# wrote {}", path.display()),
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` atomically: into a temporary file next to it, flushed to disk,
 /// then renamed over `path`, so a reader never sees a half-written file. Creates the parent
 /// directory.

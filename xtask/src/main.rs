@@ -8,6 +8,7 @@ mod bench_collectives;
 mod bench_core;
 mod bench_mirrored;
 mod compare;
+mod flags;
 mod json;
 mod machine;
 mod matmul;

@@ -1629,10 +1629,12 @@ fn color(i: usize) -> RGBColor {
     COLORS[i % COLORS.len()]
 }
 
-/// Draws `lines` on `chart`: measured ones solid with dots, modelled ones dashed.
+/// Draws `lines` on `chart` (measured ones solid with dots, modelled ones dashed) and their
+/// legend at `legend`.
 fn draw_lines<'a, X, Y>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
     lines: &[Line],
+    legend: SeriesLabelPosition,
 ) -> Result<(), String>
 where
     X: Ranged<ValueType = f64>,
@@ -1666,6 +1668,14 @@ where
                 });
         }
     }
+    chart
+        .configure_series_labels()
+        .position(legend)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 12))
+        .draw()
+        .map_err(|e| err(&e))?;
     Ok(())
 }
 
@@ -1779,15 +1789,7 @@ fn busbw_svg(measured: &Measured, modelled: &Modelled) -> Result<String, String>
             .y_label_formatter(&|g| format!("{g}"))
             .draw()
             .map_err(|e| err(&e))?;
-        draw_lines(&mut chart, &lines)?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(|e| err(&e))?;
+        draw_lines(&mut chart, &lines, SeriesLabelPosition::LowerRight)?;
         root.present().map_err(|e| err(&e))?;
     }
     Ok(svg)
@@ -1879,15 +1881,7 @@ fn efficiency_svg(measured: &Measured, modelled: &Modelled) -> Result<String, St
             .y_label_formatter(&|e| format!("{e:.1}"))
             .draw()
             .map_err(|e| err(&e))?;
-        draw_lines(&mut chart, &lines)?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(|e| err(&e))?;
+        draw_lines(&mut chart, &lines, SeriesLabelPosition::LowerLeft)?;
         root.present().map_err(|e| err(&e))?;
     }
     Ok(svg)
@@ -2010,9 +2004,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    fn args(s: &[&str]) -> Vec<String> {
-        s.iter().map(|a| a.to_string()).collect()
-    }
+    use crate::flags::args;
 
     /// A scratch directory, removed when dropped.
     struct Scratch(PathBuf);

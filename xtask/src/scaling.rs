@@ -22,9 +22,9 @@ use mirra_scaling::{ModelProfile, ScalingError, Topology};
 use serde_json::{json, Value};
 
 use crate::bench_core::{target_dir, workspace_root};
-use crate::json::{num, write_atomic};
+use crate::json::{num, save};
 use crate::nccl::size_label;
-use crate::Failure;
+use crate::{flags, Failure};
 
 /// The flags of `cargo xtask scaling`, for the usage message.
 pub const FLAGS_HELP: &str =
@@ -81,11 +81,7 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| usage_error(format!("{flag} needs a value")))
-        };
+        let mut value = |flag: &str| flags::value("scaling", flag, &mut it);
         match arg.as_str() {
             "--topology" => o.topology = Some(value("--topology")?),
             "--model" => o.model = value("--model")?,
@@ -407,9 +403,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| target_dir(&workspace_root()).join("bench/scaling-model.json"));
     let value = report(&topo, &model, &p, &checks, &seed, args);
-    write_atomic(&out, &value)
-        .map_err(|e| Failure::run(format!("cannot write {}: {e}", out.display())))?;
-    println!("# wrote {}", out.display());
+    save(&out, &value, None)?;
     Ok(())
 }
 
@@ -417,9 +411,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    fn args(s: &[&str]) -> Vec<String> {
-        s.iter().map(|a| a.to_string()).collect()
-    }
+    use crate::flags::args;
 
     #[test]
     fn flags_parse_and_bad_ones_are_usage_errors() {

@@ -25,9 +25,9 @@ use serde_json::{json, Value};
 
 use crate::bench_core::{target_dir, workspace_root};
 use crate::bench_mirrored::{plan, throughput};
-use crate::json::{num, write_atomic};
+use crate::json::{num, save};
 use crate::timing::median;
-use crate::{bench_collectives, machine, mlp, Failure};
+use crate::{bench_collectives, flags, machine, mlp, Failure};
 
 /// Samples per replica of the measured rows.
 pub const PER_REPLICA_BATCH: usize = 64;
@@ -142,25 +142,12 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| Failure::usage(format!("xtask scaling: {flag} needs a value")))
-        };
+        let mut value = |flag: &str| flags::value("scaling", flag, &mut it);
         match arg.as_str() {
             "--quick" => o.quick = true,
             "--out" => o.out = Some(PathBuf::from(value("--out")?)),
             "--replicas" => {
-                let v = value("--replicas")?;
-                o.replicas = v
-                    .split(',')
-                    .map(|p| p.trim().parse::<usize>().ok().filter(|&n| n > 0))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| {
-                        Failure::usage(format!(
-                            "xtask scaling: --replicas takes positive integers like 1,2,4, got `{v}`"
-                        ))
-                    })?;
+                o.replicas = flags::counts("scaling", "--replicas", &value("--replicas")?)?;
                 if !o.replicas.contains(&1) {
                     o.replicas.insert(0, 1);
                 }
@@ -270,13 +257,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         "profile": profile_json(&profile),
         "collectives": collectives_path.display().to_string(),
     });
-    write_atomic(&out_path, &report)
-        .map_err(|e| Failure::run(format!("cannot write {}: {e}", out_path.display())))?;
-    println!(
-        "# wrote {} in {:.0} s",
-        out_path.display(),
-        started.elapsed().as_secs_f64()
-    );
+    save(&out_path, &report, Some(started))?;
     Ok(())
 }
 
