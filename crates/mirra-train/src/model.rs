@@ -125,6 +125,9 @@ impl Model {
     /// locally in between (DDP's `no_sync`): `steps` micro-batches make one update of
     /// their combined batch. Needs a distribution strategy (use one replica for a single
     /// device); 1 (the default) updates at every step.
+    ///
+    /// The local accumulation is not part of a checkpoint: with checkpoints at epoch ends,
+    /// choose `steps` dividing the steps of an epoch.
     pub fn set_accumulation_steps(&mut self, steps: usize) -> Result<()> {
         match (&mut self.mirrors, steps) {
             (_, 0) => Err(TrainError::Invalid(
@@ -177,7 +180,8 @@ impl Model {
         &self.net
     }
 
-    /// The network, mutably (to load weights).
+    /// The network, mutably. Under a strategy this is replica 0's alone: change weights
+    /// with [`Model::set_weights`], which reaches every replica.
     pub fn net_mut(&mut self) -> &mut Sequential {
         &mut self.net
     }
@@ -187,7 +191,9 @@ impl Model {
         self.optimizer.as_ref()
     }
 
-    /// The optimizer, mutably (to change its learning rate).
+    /// The optimizer, mutably. Under a strategy this is replica 0's alone: use
+    /// [`Model::set_learning_rate`] and [`Model::load_optimizer_state`], which reach every
+    /// replica.
     pub fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
         self.optimizer.as_mut()
     }
