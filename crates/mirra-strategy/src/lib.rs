@@ -22,7 +22,7 @@ mod strategy;
 
 pub use error::StrategyError;
 pub use input::split_batch;
-pub use mirra_collectives::{Communicator, ReduceOp};
+pub use mirra_collectives::{CollectiveError, Communicator, ReduceOp};
 pub use pool::ReplicaContext;
 pub use reducer::{GradientReducer, DEFAULT_BUCKET_BYTES};
 pub use strategy::{MirroredStrategy, PerReplica, StrategyConfig};

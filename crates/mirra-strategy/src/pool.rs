@@ -104,6 +104,11 @@ impl ReplicaPool {
                         let panic = catch_unwind(AssertUnwindSafe(|| step(&ctx)))
                             .err()
                             .map(|p| panic_message(p.as_ref()));
+                        if panic.is_some() {
+                            // The other replicas may be waiting for this one in a
+                            // collective: fail them now rather than at the deadline.
+                            ctx.comm.abort_handle().abort();
+                        }
                         job.done.count_down(replica, panic);
                     }
                 })

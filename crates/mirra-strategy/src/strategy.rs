@@ -354,6 +354,19 @@ mod tests {
         assert_eq!(e.to_string(), "replica 1 panicked: bad step");
         // The replicas survive a panicking step.
         assert_eq!(s.run(|ctx| ctx.num_replicas).unwrap().values(), &[3, 3, 3]);
+        // A replica that panics while the others wait for it in a collective fails them
+        // at once, not at the deadline (the group is aborted: collectives are over).
+        let t = std::time::Instant::now();
+        let e = s
+            .run(|ctx| {
+                if ctx.replica_id == 2 {
+                    panic!("mid-step");
+                }
+                ctx.comm.barrier()
+            })
+            .unwrap_err();
+        assert_eq!(e.to_string(), "replica 2 panicked: mid-step");
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
     }
 
     #[test]

@@ -214,7 +214,7 @@ impl Mirrors {
             // resumed run draws the same masks, and different on every replica.
             let mut rng = Rng::seed_from_u64(seed ^ iteration.rotate_left(20) ^ micro << 10);
             rng.set_stream(ctx.replica_id as u64);
-            replica_step(
+            let result = replica_step(
                 &mut view,
                 shards[ctx.replica_id].as_deref(),
                 loss,
@@ -222,7 +222,14 @@ impl Mirrors {
                 sync,
                 ctx.comm,
                 &mut rng,
-            )
+            );
+            if result.is_err() {
+                // The others would wait for this replica's gradients until the deadline:
+                // abort the group so that they fail at once. Training cannot go on after
+                // a failed step anyway (the replicas would no longer agree).
+                ctx.comm.abort_handle().abort();
+            }
+            result
         })?;
         drop(views);
         let waits: Vec<f64> = self
@@ -238,7 +245,20 @@ impl Mirrors {
         self.stats.step_seconds += started.elapsed().as_secs_f64();
         let mut total = 0.0;
         let mut outputs = Vec::with_capacity(n);
-        for r in results.into_values() {
+        let results = results.into_values();
+        // The cause, not the aborts it caused on the other replicas.
+        if let Some(cause) = results
+            .iter()
+            .position(|r| r.as_ref().is_err_and(|e| !is_abort(e)))
+            .or_else(|| results.iter().position(Result::is_err))
+        {
+            return Err(results
+                .into_iter()
+                .nth(cause)
+                .and_then(Result::err)
+                .expect("an error at that position"));
+        }
+        for r in results {
             let (l, out) = r?;
             total += l;
             outputs.extend(out);
@@ -247,6 +267,16 @@ impl Mirrors {
         let output = Tensor::concat(&refs, 0)?;
         Ok((total * self.accumulation as f64, output))
     }
+}
+
+/// True for the error a replica gets when another one aborted the group.
+fn is_abort(e: &TrainError) -> bool {
+    matches!(
+        e,
+        TrainError::Strategy(mirra_strategy::StrategyError::Collective(
+            mirra_strategy::CollectiveError::Aborted { .. }
+        ))
+    )
 }
 
 /// One replica's share of a step: its loss part and its output (none without data).
@@ -447,6 +477,19 @@ mod tests {
             e.contains("were created outside the strategy's scope"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_failing_replica_fails_the_step_at_once_with_its_own_error() {
+        let mut m = compile(Some(strategy(3, "ring", 1 << 20)));
+        let (x, _) = data(9);
+        // Replica 2's part holds a label out of range; the others' parts are fine.
+        let y = Tensor::from_vec(vec![0i64, 1, 2, 0, 1, 2, 0, 1, 7], &[9], Device::Cpu).unwrap();
+        let t = std::time::Instant::now();
+        let e = m.train_step(x, &y).unwrap_err().to_string();
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "{e}");
+        assert!(!e.contains("aborted"), "the cause, not the abort: {e}");
+        assert!(e.contains('7'), "{e}");
     }
 
     #[test]
