@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use mirra_collectives::{Config, BACKENDS, MAX_WORLD_SIZE};
 use serde_json::{json, Map, Value};
 
-use crate::bench_core::{target_dir, workspace_root};
+use crate::bench_core::bench_file;
 use crate::json::{num, opt, save};
 use crate::machine::{self, CpuSnapshot};
 use crate::nccl::{self, size_label, Op, Row};
@@ -399,11 +399,7 @@ fn summary(report: &Value) -> Vec<String> {
 pub fn run(args: &[String]) -> Result<(), Failure> {
     let o = parse(args)?;
     let started = Instant::now();
-    let out_path = o.out.clone().unwrap_or_else(|| {
-        target_dir(&workspace_root())
-            .join("bench")
-            .join("collectives.json")
-    });
+    let out_path = bench_file(o.out.as_deref(), "collectives.json");
     let facts = machine::facts();
     let config = Config::default();
     println!(

@@ -104,6 +104,15 @@ pub(crate) fn target_dir(root: &Path) -> PathBuf {
     }
 }
 
+/// Where a command writes its JSON: `out` when the user gave `--out`, else
+/// `<target>/bench/<file>`.
+pub(crate) fn bench_file(out: Option<&Path>, file: &str) -> PathBuf {
+    out.map_or_else(
+        || target_dir(&workspace_root()).join("bench").join(file),
+        Path::to_path_buf,
+    )
+}
+
 /// Timing plans: (matmul, rounds of matmul, MLP).
 fn plans(quick: bool) -> (Plan, usize, Plan) {
     if quick {
@@ -138,10 +147,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     let started = Instant::now();
     let root = workspace_root();
     let target = target_dir(&root);
-    let out_path = o
-        .out
-        .clone()
-        .unwrap_or_else(|| target.join("bench").join("core.json"));
+    let out_path = bench_file(o.out.as_deref(), "core.json");
     let (matmul_plan, rounds, mlp_plan) = plans(o.quick);
     let facts = machine::facts();
     println!(

@@ -21,7 +21,7 @@ use mirra::tensor::set_num_threads;
 use mirra::train::CommStats;
 use serde_json::{json, Value};
 
-use crate::bench_core::{target_dir, workspace_root};
+use crate::bench_core::{bench_file, target_dir, workspace_root};
 use crate::json::{num, save};
 use crate::timing::{measure, Plan};
 use crate::{flags, machine, mlp, rss, Failure};
@@ -150,10 +150,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     let started = Instant::now();
     let root = workspace_root();
     let target = target_dir(&root);
-    let out_path = o
-        .out
-        .clone()
-        .unwrap_or_else(|| target.join("bench").join("mirrored.json"));
+    let out_path = bench_file(o.out.as_deref(), "mirrored.json");
     let cores = machine::cores();
     let plan = plan(o.quick);
     let before = machine::CpuSnapshot::now();

@@ -21,7 +21,7 @@ use mirra_scaling::profile::MODELS;
 use mirra_scaling::{ModelProfile, ScalingError, Topology};
 use serde_json::{json, Value};
 
-use crate::bench_core::{target_dir, workspace_root};
+use crate::bench_core::bench_file;
 use crate::json::{num, save};
 use crate::nccl::size_label;
 use crate::{flags, Failure};
@@ -398,10 +398,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         "# seed_check: predicted_speedup {:.2}, published_speedup {}",
         seed.predicted_speedup, seed.published_speedup
     );
-    let out = o
-        .out
-        .clone()
-        .unwrap_or_else(|| target_dir(&workspace_root()).join("bench/scaling-model.json"));
+    let out = bench_file(o.out.as_deref(), "scaling-model.json");
     let value = report(&topo, &model, &p, &checks, &seed, args);
     save(&out, &value, None)?;
     Ok(())

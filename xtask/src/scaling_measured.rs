@@ -23,7 +23,7 @@ use mirra_scaling::profile::LayerProfile;
 use mirra_scaling::ModelProfile;
 use serde_json::{json, Value};
 
-use crate::bench_core::{target_dir, workspace_root};
+use crate::bench_core::{bench_file, target_dir, workspace_root};
 use crate::bench_mirrored::{plan, throughput};
 use crate::json::{num, save};
 use crate::timing::median;
@@ -168,10 +168,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     let started = Instant::now();
     let root = workspace_root();
     let target = target_dir(&root);
-    let out_path = o
-        .out
-        .clone()
-        .unwrap_or_else(|| target.join("bench").join("scaling-measured.json"));
+    let out_path = bench_file(o.out.as_deref(), "scaling-measured.json");
     let cores = machine::cores();
     let plan = plan(o.quick);
     set_num_threads(cores);
