@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use mirra_collectives::{Config, BACKENDS, MAX_WORLD_SIZE};
 use serde_json::{json, Map, Value};
 
-use crate::bench_core::bench_file;
 use crate::json::{num, opt, save};
 use crate::machine::{self, CpuSnapshot};
 use crate::nccl::{self, size_label, Op, Row};
+use crate::paths::bench_file;
 use crate::ranks::{Group, Job};
 use crate::table::mark;
 use crate::timing::{median, Plan, Samples};

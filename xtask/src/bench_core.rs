@@ -11,12 +11,13 @@
 //! never fails the whole run.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
 use crate::json::{num, opt, save};
+use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::timing::Plan;
 use crate::{compare, flags, machine, mlp, rss, table, Failure};
 
@@ -88,29 +89,6 @@ fn parse(args: &[String]) -> Result<Options, Failure> {
         }
     }
     Ok(o)
-}
-
-/// The workspace root (this package's parent directory).
-pub(crate) fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
-}
-
-/// Cargo's target directory: `CARGO_TARGET_DIR` when set, else `<root>/target`.
-pub(crate) fn target_dir(root: &Path) -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => root.join(dir),
-        None => root.join("target"),
-    }
-}
-
-/// Where a command writes its JSON: `out` when the user gave `--out`, else
-/// `<target>/bench/<file>`.
-pub(crate) fn bench_file(out: Option<&Path>, file: &str) -> PathBuf {
-    out.map_or_else(
-        || target_dir(&workspace_root()).join("bench").join(file),
-        Path::to_path_buf,
-    )
 }
 
 /// Timing plans: (matmul, rounds of matmul, MLP).

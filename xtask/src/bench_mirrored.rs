@@ -21,8 +21,8 @@ use mirra::tensor::set_num_threads;
 use mirra::train::CommStats;
 use serde_json::{json, Value};
 
-use crate::bench_core::{bench_file, target_dir, workspace_root};
 use crate::json::{num, save};
+use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::timing::{measure, Plan};
 use crate::{flags, machine, mlp, rss, Failure};
 

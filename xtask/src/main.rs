@@ -7,8 +7,11 @@
 mod bench_collectives;
 mod bench_core;
 mod bench_mirrored;
+mod cli;
 mod compare;
 mod flags;
+mod gpu_bundle;
+mod gpu_probe;
 mod json;
 mod machine;
 mod matmul;
@@ -16,6 +19,7 @@ mod memcpy;
 mod mlp;
 mod nccl;
 mod numpy;
+mod paths;
 mod ranks;
 mod report;
 mod rss;
@@ -53,6 +57,16 @@ const COMMANDS: &[(&str, &str, bool)] = &[
         "scaling report, measured and modelled, SVG plots, baseline check -> target/reports/",
         true,
     ),
+    (
+        "gpu-probe",
+        "probe the GPU: libraries, context, 1 GiB round trip, cuBLAS, NVRTC kernel, NCCL",
+        true,
+    ),
+    (
+        "gpu-bundle",
+        "one folder (< 64 MiB) to run on a GPU machine: binaries, GPU tests, ci/gpu-check.sh",
+        true,
+    ),
     ("help", "this message", true),
 ];
 
@@ -74,9 +88,14 @@ impl Failure {
 
     /// A failure while running a command (exit status 1).
     pub fn run(message: impl Into<String>) -> Failure {
+        Failure::with_code(message, 1)
+    }
+
+    /// A failure with its own exit status (`gpu-probe` without a GPU: 3).
+    pub fn with_code(message: impl Into<String>, code: u8) -> Failure {
         Failure {
             message: message.into(),
-            code: 1,
+            code,
         }
     }
 }
@@ -126,6 +145,8 @@ fn main() -> ExitCode {
         Some("bench-mirrored") => bench_mirrored::run(&args[1..]),
         Some("scaling") => scaling::run(&args[1..]),
         Some("report") => report::run(&args[1..]),
+        Some("gpu-probe") => gpu_probe::run(&args[1..]),
+        Some("gpu-bundle") => gpu_bundle::run(&args[1..]),
         Some(cmd) => match COMMANDS.iter().find(|(name, _, _)| *name == cmd) {
             Some((_, _, false)) => Err(Failure::run(format!(
                 "xtask: `{cmd}` is not written yet (it comes with the collectives and the \

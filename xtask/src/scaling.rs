@@ -21,9 +21,9 @@ use mirra_scaling::profile::MODELS;
 use mirra_scaling::{ModelProfile, ScalingError, Topology};
 use serde_json::{json, Value};
 
-use crate::bench_core::bench_file;
 use crate::json::{num, save};
 use crate::nccl::size_label;
+use crate::paths::bench_file;
 use crate::{flags, Failure};
 
 /// The flags of `cargo xtask scaling`, for the usage message.

@@ -23,9 +23,9 @@ use mirra_scaling::profile::LayerProfile;
 use mirra_scaling::ModelProfile;
 use serde_json::{json, Value};
 
-use crate::bench_core::{bench_file, target_dir, workspace_root};
 use crate::bench_mirrored::{plan, throughput};
 use crate::json::{num, save};
+use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::timing::median;
 use crate::{bench_collectives, flags, machine, mlp, Failure};
 

@@ -29,9 +29,9 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use serde_json::{json, Value};
 
-use crate::bench_core::{target_dir, workspace_root};
 use crate::json::{num, opt, write_atomic, write_bytes_atomic};
 use crate::nccl::size_label;
+use crate::paths::{target_dir, workspace_root};
 use crate::scaling::{self, DEFAULT_BATCH};
 use crate::{machine, scaling_measured, Failure};
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The GPU check. Runs on a lent GPU machine, from the folder that `cargo xtask gpu-bundle`
+# builds (device tool: command `bash target/gpu-bundle/gpu-check.sh`, carry
+# ["target/gpu-bundle"]); the machine needs no Rust toolchain and no network.
+#   1. the GPU probe (`xtask gpu-probe`): libraries, context, a 1 GiB round trip, cuBLAS,
+#      an NVRTC kernel, NCCL;
+#   2. every GPU test: the bundled test binaries with --ignored;
+#   3. PyTorch measuring what the probe measured, beside it;
+# then one table (markdown, for the session's note). Logs are written as the steps run, to
+# $OUT when the device tool sets it (it brings them back), else to ./logs beside this script.
+# Exit status: 0 every step passed, 1 something failed, 3 no GPU here (nothing ran on one).
+set -u -o pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+logs=${OUT:-$here/logs}
+mkdir -p "$logs"
+results=$logs/results.tsv # kind, name, status, detail: one line per test binary
+: >"$results"
+start=$SECONDS
+say() { echo "== $* ($((SECONDS - start)) s)"; }
+
+# CUDA's libraries: the driver's folder, the toolkit's (its NVRTC matches the driver's CUDA
+# version: PTX from a newer NVRTC does not load on an older driver), then NVIDIA's wheels.
+libdirs=()
+for d in /usr/local/nvidia/lib64 /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -d "$d" ] && libdirs+=("$d")
+done
+if command -v python3 >/dev/null 2>&1; then
+  while IFS= read -r d; do libdirs+=("$d"); done < <(python3 - 2>/dev/null <<'PY'
+import glob, os, site, sys
+roots = list(site.getsitepackages()) + [site.getusersitepackages()] + sys.path
+seen = set()
+for r in roots:
+    for d in sorted(glob.glob(os.path.join(r, "nvidia", "**", "lib"), recursive=True)):
+        d = os.path.realpath(d)
+        if d not in seen and glob.glob(os.path.join(d, "lib*.so*")):
+            seen.add(d)
+            print(d)
+PY
+  )
+fi
+# cudarc looks for libnccl.so (and .so.13, .so.12, ...); NCCL's wheel ships libnccl.so.2.
+shim=$here/.libs
+mkdir -p "$shim"
+for d in "${libdirs[@]}"; do
+  if [ -e "$d/libnccl.so.2" ] && [ ! -e "$shim/libnccl.so" ]; then
+    ln -sf "$d/libnccl.so.2" "$shim/libnccl.so"
+  fi
+done
+libpath=$shim
+for d in "${libdirs[@]}"; do libpath=$libpath:$d; done
+export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+say "machine"
+{
+  head -1 "$here/MANIFEST.txt" 2>/dev/null
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  else
+    echo "nvidia-smi: not on this machine"
+  fi
+  echo "library folders: $LD_LIBRARY_PATH"
+} 2>&1 | tee "$logs/machine.log"
+
+say "GPU probe"
+timeout 360 "$here/xtask" gpu-probe --json "$logs/probe.json" 2>&1 | tee "$logs/probe.log"
+probe_rc=${PIPESTATUS[0]}
+
+table() {
+  if command -v python3 >/dev/null 2>&1; then
+    python3 "$here/gpu/table.py" --probe "$logs/probe.json" --torch "$logs/torch.json" \
+      --results "$results" 2>&1 | tee "$logs/table.md"
+  else
+    cat "$results"
+  fi
+}
+
+if [ "$probe_rc" = 3 ]; then
+  tests=$(find "$here/tests" -type f | wc -l)
+  for t in "$here"/tests/*; do
+    printf 'test\t%s\tskipped\tno GPU\n' "$(basename "$t")" >>"$results"
+  done
+  echo "NO GPU: no CUDA driver found on this machine. Nothing ran on a GPU: the probe stopped at" \
+    "its first step; $tests GPU test binaries and the PyTorch reference were skipped."
+  table
+  exit 3
+fi
+
+failed=0
+[ "$probe_rc" = 0 ] || failed=1
+for t in "$here"/tests/*; do
+  name=$(basename "$t")
+  say "GPU tests: $name"
+  timeout 300 "$t" --ignored --test-threads=1 2>&1 | tee "$logs/test-$name.log"
+  rc=${PIPESTATUS[0]}
+  summary=$(grep -E '^test result:' "$logs/test-$name.log" | tail -1)
+  if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
+  printf 'test\t%s\t%s\t%s\n' "$name" "$status" "${summary:-exit status $rc}" >>"$results"
+done
+
+say "PyTorch reference"
+PYTHONUNBUFFERED=1 timeout 300 python3 "$here/gpu/torch_reference.py" --json "$logs/torch.json" \
+  2>&1 | tee "$logs/torch.log"
+
+say "table"
+table
+say "done"
+exit $failed

@@ -1,0 +1,23 @@
+//! mirra's door to CUDA: thin, checked wrappers over the CUDA libraries, which are loaded
+//! at run time through [`cudarc`].
+//!
+//! Nothing here needs a CUDA toolkit to build, and nothing panics on a machine without a
+//! GPU: cudarc's dynamically loaded calls panic when their library is missing, so every
+//! entry point first asks [`library::ensure`] and returns [`CudaError`] instead
+//! (`no CUDA driver found`, or the library and the file names that were looked for).
+//!
+//! Layers, bottom up (no module imports one above it):
+//! - [`error`]: [`CudaError`], one enum for every library's failures, naming the call;
+//! - [`library`]: which shared libraries are present, and where they were loaded from;
+//! - [`probe`]: the GPU probe that `cargo xtask gpu-probe` runs first on a lent GPU
+//!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL).
+
+pub mod error;
+pub mod library;
+pub mod probe;
+
+pub use error::{CudaError, Result};
+pub use library::Library;
+
+/// Re-exported so that crates above name one cudarc version.
+pub use cudarc;
