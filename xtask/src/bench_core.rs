@@ -207,6 +207,14 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         );
     }
 
+    // Step time once the model has learned its data, subnormals flushed and not.
+    if std::env::var_os("MIRRA_BENCH_SUBNORMAL").is_some() {
+        println!("subnormal: training to convergence with and without flush-to-zero");
+        let r = crate::subnormal::report();
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        put("subnormal", r);
+    }
+
     // Peak RSS of a real training run.
     let log = out_path.with_file_name("mirra-train.log");
     let rss_run = if o.rss {

@@ -25,6 +25,7 @@ mod report;
 mod rss;
 mod scaling;
 mod scaling_measured;
+mod subnormal;
 mod table;
 mod timing;
 

@@ -6,11 +6,14 @@
 //! never a compile failure, so every caller builds and tests everywhere.
 
 mod buffer;
+pub mod denormals;
 mod device;
 mod dtype;
 mod error;
 mod pool;
 mod simd;
+pub mod sync;
+pub mod trace;
 
 pub use buffer::Buffer;
 pub use device::Device;

@@ -7,9 +7,11 @@
 
 /// Run `f` compiled for the widest vector instructions this CPU supports. `f`'s loop and
 /// everything it calls must inline into it (small generic code and `#[inline(always)]`
-/// helpers do) for the wider instructions to apply.
+/// helpers do) for the wider instructions to apply. The calling thread flushes subnormal
+/// floats as [`denormals`](crate::denormals) says.
 #[inline(always)]
 pub fn vectorize<R>(f: impl FnOnce() -> R) -> R {
+    crate::denormals::ensure_this_thread();
     pulp::Arch::new().dispatch(f)
 }
 

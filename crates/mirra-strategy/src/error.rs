@@ -32,6 +32,16 @@ pub enum StrategyError {
         /// The panic message.
         message: String,
     },
+    /// `run` was called from inside a step of the same strategy.
+    #[error(
+        "MirroredStrategy::run called from inside a step of the same strategy (on replica \
+         {replica}): the nested run would wait for the replica that runs it; use the step's \
+         ReplicaContext for collectives instead"
+    )]
+    NestedRun {
+        /// The replica whose step called `run`.
+        replica: usize,
+    },
     /// A replica thread could not be started.
     #[error("could not start replica thread {replica}: {reason}")]
     Spawn {

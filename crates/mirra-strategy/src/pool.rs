@@ -6,13 +6,16 @@
 //! thread and reported after the others finish), which is what makes lending a borrowed
 //! closure to other threads sound.
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mirra_collectives::Communicator;
+use mirra_device::sync::{lock, panic_message};
 
 use crate::{Result, StrategyError};
 
@@ -54,10 +57,6 @@ struct Latch {
     all_done: Condvar,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Latch {
     fn count_down(&self, replica: usize, panic: Option<String>) {
         let mut s = lock(&self.state);
@@ -71,10 +70,23 @@ impl Latch {
     }
 }
 
+/// Pool ids, so that a replica thread knows whose it is.
+static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// On a replica thread: (its pool's id, its replica); (0, 0) elsewhere.
+    static REPLICA_OF: Cell<(u64, usize)> = const { Cell::new((0, 0)) };
+}
+
 /// One thread per replica.
 pub(crate) struct ReplicaPool {
+    id: u64,
     senders: Vec<Sender<Job>>,
     threads: Vec<JoinHandle<()>>,
+    /// Held for the whole of a [`ReplicaPool::run`]: the jobs of two runs from two threads
+    /// would otherwise interleave in the replicas' queues, and replicas would pair the
+    /// collectives of different steps.
+    serial: Mutex<()>,
 }
 
 impl ReplicaPool {
@@ -82,15 +94,19 @@ impl ReplicaPool {
     /// `kernel_threads` threads.
     pub(crate) fn spawn(comms: Vec<Box<dyn Communicator>>, kernel_threads: usize) -> Result<Self> {
         let n = comms.len();
+        let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
         let mut pool = ReplicaPool {
+            id,
             senders: Vec::with_capacity(n),
             threads: Vec::with_capacity(n),
+            serial: Mutex::new(()),
         };
         for (replica, comm) in comms.into_iter().enumerate() {
             let (tx, rx) = channel::<Job>();
             let thread = std::thread::Builder::new()
                 .name(format!("mirra-replica-{replica}"))
                 .spawn(move || {
+                    REPLICA_OF.with(|r| r.set((id, replica)));
                     mirra_tensor::set_num_threads(kernel_threads);
                     let ctx = ReplicaContext {
                         replica_id: replica,
@@ -128,7 +144,14 @@ impl ReplicaPool {
     }
 
     /// Run `step` once on every replica thread, in parallel, and wait for all of them.
+    /// Runs from several threads take turns; a run from inside a step of this pool is an
+    /// error (it would wait for the replica that is waiting for it).
     pub(crate) fn run(&self, step: &Step<'_>) -> Result<()> {
+        let (pool, replica) = REPLICA_OF.with(Cell::get);
+        if pool == self.id {
+            return Err(StrategyError::NestedRun { replica });
+        }
+        let _turn = lock(&self.serial);
         let n = self.senders.len();
         let done = Arc::new(Latch {
             state: Mutex::new((n, vec![])),
@@ -200,11 +223,4 @@ fn next_job(rx: &Receiver<Job>) -> Option<Job> {
         }
     }
     rx.recv().ok()
-}
-
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic".into())
 }

@@ -370,6 +370,87 @@ mod tests {
     }
 
     #[test]
+    fn runs_from_two_threads_take_turns() {
+        // Each run all-reduces a value tagged with its caller and its round; if the jobs of
+        // two runs interleaved in the replicas' queues, replicas would pair collectives of
+        // different runs and the sums would mix the tags (or wait for each other forever).
+        let s = MirroredStrategy::new(StrategyConfig::cpu(3).with_collective("ring")).unwrap();
+        std::thread::scope(|scope| {
+            for caller in 0..2u32 {
+                let s = &s;
+                scope.spawn(move || {
+                    for round in 0..50u32 {
+                        let tag = (caller * 1000 + round) as f32;
+                        let sums = s
+                            .run(|ctx| {
+                                let mut b = mirra_device::Buffer::from_slice(
+                                    &[tag, ctx.replica_id as f32],
+                                    Device::Cpu,
+                                )
+                                .unwrap();
+                                ctx.comm.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+                                b.as_slice::<f32>().unwrap().to_vec()
+                            })
+                            .unwrap();
+                        for sum in sums.values() {
+                            assert_eq!(sum, &[3.0 * tag, 3.0], "caller {caller} round {round}");
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn a_second_run_starts_after_the_first_has_ended_on_every_replica() {
+        // Run A keeps replica 0 busy for 100 ms; the others finish A at once. Run B, called
+        // from another thread meanwhile, must not start on any replica before A has ended
+        // on all of them (each replica's queue alone would let replica 1 start B early, and
+        // B's collectives would then pair with A's on replica 0).
+        use std::sync::mpsc::channel;
+        use std::time::{Duration, Instant};
+        let s = MirroredStrategy::new(StrategyConfig::cpu(3)).unwrap();
+        let (started_tx, started_rx) = channel();
+        let started_tx = std::sync::Mutex::new(started_tx);
+        std::thread::scope(|scope| {
+            let a = scope.spawn(|| {
+                s.run(|ctx| {
+                    if ctx.replica_id == 0 {
+                        started_tx.lock().unwrap().send(()).unwrap();
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Instant::now()
+                })
+                .unwrap()
+            });
+            started_rx.recv().unwrap();
+            let b = s.run(|_| Instant::now()).unwrap();
+            let a_end = a.join().unwrap().values().iter().copied().max().unwrap();
+            for (replica, b_start) in b.values().iter().enumerate() {
+                assert!(
+                    *b_start >= a_end,
+                    "run B started on replica {replica} during run A"
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn a_nested_run_is_an_error_not_a_deadlock() {
+        let s = MirroredStrategy::new(StrategyConfig::cpu(2)).unwrap();
+        let t = std::time::Instant::now();
+        let inner = s.run(|_| s.run(|_| ()).map(|_| ())).unwrap();
+        for (replica, r) in inner.values().iter().enumerate() {
+            let e = r.as_ref().unwrap_err();
+            assert!(matches!(e, StrategyError::NestedRun { replica: r } if *r == replica));
+            assert!(e.to_string().contains("inside a step"), "{e}");
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        // The strategy still runs.
+        assert_eq!(s.run(|ctx| ctx.replica_id).unwrap().values(), &[0, 1]);
+    }
+
+    #[test]
     fn replicas_from_a_device_list() {
         let c = StrategyConfig::devices(&[Device::Cpu, Device::Cpu, Device::Cpu]).unwrap();
         assert_eq!(MirroredStrategy::new(c).unwrap().num_replicas_in_sync(), 3);

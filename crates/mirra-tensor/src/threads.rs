@@ -2,6 +2,9 @@
 //! that each replica thread of a mirrored strategy can have its own.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mirra_device::denormals;
 
 thread_local! {
     static THREADS: Cell<usize> = const { Cell::new(0) };
@@ -31,4 +34,16 @@ fn default_threads() -> usize {
         .and_then(|v| v.parse().ok())
         .filter(|&n| n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Applies the subnormal-flushing policy ([`mirra_device::denormals`]) to every thread of
+/// rayon's global pool, where gemm runs a parallel matmul, when the policy changed since
+/// the last time (one atomic read otherwise).
+pub(crate) fn ensure_rayon_pool() {
+    static APPLIED: AtomicU64 = AtomicU64::new(0);
+    let generation = denormals::policy_generation();
+    if APPLIED.load(Ordering::Acquire) != generation {
+        rayon::broadcast(|_| denormals::ensure_this_thread());
+        APPLIED.store(generation, Ordering::Release);
+    }
 }

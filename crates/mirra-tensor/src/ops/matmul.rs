@@ -121,7 +121,9 @@ fn gemm_batched<T: Element>(
     };
     let (bsa, bsb) = (batch_strides(a), batch_strides(b));
     let threads = num_threads();
+    mirra_device::denormals::ensure_this_thread();
     let parallelism = if threads > 1 && m * n * k >= parallel_min_macs() {
+        crate::threads::ensure_rayon_pool();
         Parallelism::Rayon(threads)
     } else {
         Parallelism::None
