@@ -9,11 +9,10 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+use crate::hyperparams::{check_non_negative, check_positive, check_unit_open};
 #[cfg(test)]
 use crate::optimizer::Optimizer;
-use crate::optimizer::{
-    cast, check_non_negative, check_positive, check_unit_open, next_slot, Core, Rule,
-};
+use crate::optimizer::{cast, next_slot, Core, Rule};
 use crate::{LearningRateSchedule, Result};
 
 /// Adam (Kingma & Ba, 2015), optionally AMSGrad (Reddi et al., 2018) and decoupled weight

@@ -51,6 +51,7 @@
 mod adam;
 mod clip;
 mod error;
+mod hyperparams;
 mod optimizer;
 mod rmsprop;
 mod schedule;

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::optimizer::{check_non_negative, check_range};
+use crate::hyperparams::{check_non_negative, check_range};
 use crate::{OptimError, Result};
 
 /// A learning rate that depends on the number of updates applied so far.

@@ -8,9 +8,10 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+use crate::hyperparams::{check_non_negative, check_unit};
 #[cfg(test)]
 use crate::optimizer::Optimizer;
-use crate::optimizer::{cast, check_non_negative, check_unit, next_slot, Core, Rule};
+use crate::optimizer::{cast, next_slot, Core, Rule};
 use crate::{LearningRateSchedule, Result};
 
 const NAME: &str = "sgd";
