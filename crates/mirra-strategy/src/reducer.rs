@@ -19,7 +19,7 @@
 use std::time::{Duration, Instant};
 
 use mirra_collectives::{Communicator, Pending, ReduceOp};
-use mirra_device::{Buffer, DType, Device};
+use mirra_device::{trace, Buffer, DType, Device};
 use mirra_tensor::Tensor;
 
 use crate::{Result, StrategyError};
@@ -168,6 +168,9 @@ impl GradientReducer {
     /// Copy a gradient (or zeros) into its bucket and count it.
     fn write(&mut self, key: usize, grad: Option<&Tensor>) -> Result<()> {
         let slot = &mut self.slots[key];
+        let _span = trace::span_with("comm", || {
+            format!("copy gradient {key} into bucket {}", slot.bucket).into()
+        });
         let bucket = &mut self.buckets[slot.bucket];
         let storage = bucket
             .storage
@@ -198,13 +201,19 @@ impl GradientReducer {
             if b.missing > 0 {
                 break;
             }
+            let index = self.next_submit;
             let mut storage = b.storage.take().expect("a complete bucket has its storage");
             if comm.world_size() == 1 {
                 b.done = Some(storage);
             } else if inline {
+                let _span =
+                    trace::span_with("comm", || format!("all-reduce bucket {index}").into());
                 comm.all_reduce(&mut storage, ReduceOp::Sum)?;
                 b.done = Some(storage);
             } else {
+                let _span = trace::span_with("comm", || {
+                    format!("submit all-reduce of bucket {index}").into()
+                });
                 b.pending = Some(comm.submit_all_reduce(storage, ReduceOp::Sum)?);
             }
             self.next_submit += 1;
@@ -228,10 +237,14 @@ impl GradientReducer {
         }
         let start = Instant::now();
         self.submit_complete(comm, true)?;
-        for b in &mut self.buckets {
+        for (index, b) in self.buckets.iter_mut().enumerate() {
             let buffer = match (b.done.take(), b.pending.take()) {
                 (Some(buffer), _) => buffer,
-                (None, Some(pending)) => pending.wait()?,
+                (None, Some(pending)) => {
+                    let _span =
+                        trace::span_with("comm", || format!("wait for bucket {index}").into());
+                    pending.wait()?
+                }
                 (None, None) => unreachable!("every bucket was started"),
             };
             b.reduced = Some(Tensor::from_buffer(buffer, &[b.len])?);
