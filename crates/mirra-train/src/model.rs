@@ -162,7 +162,18 @@ impl Model {
         let others = m.other_nets().zip(m.other_optimizers());
         for (r, (net, opt)) in others.enumerate() {
             let names = net.param_names().iter().cloned();
-            let theirs = names.zip(net.params().iter().cloned()).chain(opt.state());
+            let theirs: Vec<(String, Tensor)> = names
+                .zip(net.params().iter().cloned())
+                .chain(opt.state())
+                .collect();
+            if theirs.len() != reference.len() {
+                return Err(TrainError::Invalid(format!(
+                    "replica {} has {} variables and optimizer slots, replica 0 has {}",
+                    r + 1,
+                    theirs.len(),
+                    reference.len()
+                )));
+            }
             for ((name, a), (_, b)) in reference.iter().zip(theirs) {
                 if bits(a)?? != bits(&b)?? {
                     return Err(TrainError::Invalid(format!(
