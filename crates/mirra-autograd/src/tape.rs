@@ -4,7 +4,7 @@ use mirra_tensor::{Shape, Tensor};
 
 use crate::backward::input_grads;
 use crate::op::{Node, Op, NONE};
-use crate::{AutogradError, Result, Var};
+use crate::{AutogradError, Result};
 
 /// A record of operations on one thread. Not `Sync`: each replica thread has its own.
 ///
@@ -64,17 +64,6 @@ impl Tape {
         self.len() == 0
     }
 
-    /// A value that needs no gradient (inputs, labels).
-    pub fn constant(&self, value: Tensor) -> Var<'_> {
-        Var::new(self, None, value)
-    }
-
-    /// A trainable parameter; its gradient is reported under `key`.
-    pub fn param(&self, value: Tensor, key: usize) -> Var<'_> {
-        let id = self.push(Op::Leaf { key: Some(key) }, [NONE, NONE], *value.shape());
-        Var::new(self, Some(id), value)
-    }
-
     /// Record a node and return its id.
     pub(crate) fn push(&self, op: Op, inputs: [usize; 2], shape: Shape) -> usize {
         let mut nodes = self.nodes.borrow_mut();
@@ -100,39 +89,17 @@ impl Tape {
         id
     }
 
-    /// Gradients of the scalar `loss` with respect to every parameter it depends on.
-    pub fn backward(&self, loss: &Var<'_>) -> Result<Gradients> {
-        self.backward_with(loss, |_, _| Ok(()))
-    }
-
-    /// Like [`Tape::backward`], calling `on_ready(key, grad)` as soon as a parameter's
-    /// gradient is final, in reverse order of first use (last layer first). An error from
-    /// the callback stops backward and is returned.
-    pub fn backward_with<F>(&self, loss: &Var<'_>, mut on_ready: F) -> Result<Gradients>
-    where
-        F: FnMut(usize, &Tensor) -> std::result::Result<(), String>,
-    {
-        if !std::ptr::eq(loss.tape(), self) {
-            return Err(AutogradError::ForeignTape { op: "backward" });
-        }
-        if loss.value().elem_count() != 1 {
-            return Err(AutogradError::NonScalarLoss {
-                shape: *loss.value().shape(),
-            });
-        }
-        let seed = loss.value().full_like(1.0)?;
-        self.backward_from(loss, seed, &mut on_ready)
-    }
-
-    fn backward_from(
+    /// Backward from node `root` (none: a value that depends on no parameter) seeded with
+    /// `seed`; see [`Tape::backward_with`].
+    pub(crate) fn backward_from(
         &self,
-        root: &Var<'_>,
+        root: Option<usize>,
         seed: Tensor,
         on_ready: &mut dyn FnMut(usize, &Tensor) -> std::result::Result<(), String>,
     ) -> Result<Gradients> {
         let nodes = self.nodes.borrow();
         let mut out = Gradients::default();
-        let Some(root_id) = root.id() else {
+        let Some(root_id) = root else {
             return Ok(out);
         };
         let mut grads: Vec<Option<Tensor>> = vec![None; root_id + 1];

@@ -1,6 +1,7 @@
 use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp};
 
 use crate::op::{Op, NONE};
+use crate::tape::Gradients;
 use crate::{AutogradError, Result, Tape};
 
 /// A tensor value on a [`Tape`]. Operations on variables compute their value at once and
@@ -309,5 +310,44 @@ impl<'t> Var<'t> {
             None
         };
         Ok(Var { tape, id, value })
+    }
+}
+
+/// The tape's entry points that take or make variables (here, so that the tape below
+/// knows nothing of them).
+impl Tape {
+    /// A value that needs no gradient (inputs, labels).
+    pub fn constant(&self, value: Tensor) -> Var<'_> {
+        Var::new(self, None, value)
+    }
+
+    /// A trainable parameter; its gradient is reported under `key`.
+    pub fn param(&self, value: Tensor, key: usize) -> Var<'_> {
+        let id = self.push(Op::Leaf { key: Some(key) }, [NONE, NONE], *value.shape());
+        Var::new(self, Some(id), value)
+    }
+
+    /// Gradients of the scalar `loss` with respect to every parameter it depends on.
+    pub fn backward(&self, loss: &Var<'_>) -> Result<Gradients> {
+        self.backward_with(loss, |_, _| Ok(()))
+    }
+
+    /// Like [`Tape::backward`], calling `on_ready(key, grad)` as soon as a parameter's
+    /// gradient is final, in reverse order of first use (last layer first). An error from
+    /// the callback stops backward and is returned.
+    pub fn backward_with<F>(&self, loss: &Var<'_>, mut on_ready: F) -> Result<Gradients>
+    where
+        F: FnMut(usize, &Tensor) -> std::result::Result<(), String>,
+    {
+        if !std::ptr::eq(loss.tape(), self) {
+            return Err(AutogradError::ForeignTape { op: "backward" });
+        }
+        if loss.value().elem_count() != 1 {
+            return Err(AutogradError::NonScalarLoss {
+                shape: *loss.value().shape(),
+            });
+        }
+        let seed = loss.value().full_like(1.0)?;
+        self.backward_from(loss.id(), seed, &mut on_ready)
     }
 }
