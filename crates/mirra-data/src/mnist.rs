@@ -410,7 +410,10 @@ mod tests {
         let before = mirra_device::pool_stats();
         epoch(1);
         let after = mirra_device::pool_stats();
-        assert_eq!(after.misses, before.misses, "buffers allocated in a warmed-up epoch");
+        assert_eq!(
+            after.misses, before.misses,
+            "buffers allocated in a warmed-up epoch"
+        );
         // Two buffers per batch (u8 gathered, f32 converted) and one for the labels.
         assert_eq!(after.hits - before.hits, 3 * 8000u64.div_ceil(61));
     }
