@@ -401,7 +401,7 @@ mod tests {
             .shuffle(8000, 3)
             .batch(61, false)
             .map(pixels_to_unit_f32);
-        let mut epoch = |e| {
+        let epoch = |e| {
             for batch in ds.iter_epoch(e).unwrap() {
                 assert_eq!(batch.unwrap()[0].dtype(), DType::F32);
             }
