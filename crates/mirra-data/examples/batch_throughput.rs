@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use mirra_data::{bundled_dir, Dataset, Mnist};
+use mirra_data::{pixels_to_unit_f32, Dataset, Mnist};
 
 fn measure(
     name: &str,
@@ -36,19 +36,33 @@ fn measure(
 }
 
 fn main() -> Result<(), mirra_data::DataError> {
-    let mnist = Mnist::load(&bundled_dir())?;
-    let (x, y) = (mnist.train.images, mnist.train.labels);
+    let mnist = Mnist::bundled()?;
+    let (x, y) = (mnist.train.pixels, mnist.train.labels);
     let slices = Dataset::from_tensor_slices(vec![x, y])?;
-    let gathered = slices.clone().shuffle(10_000, 1).batch(256, false);
+    // The CLI's pipeline: u8 pixels gathered per batch, then converted to f32.
+    let gathered = slices
+        .clone()
+        .shuffle(10_000, 1)
+        .batch(256, false)
+        .map(pixels_to_unit_f32);
     let none = Duration::ZERO;
-    measure("slices -> shuffle -> batch(256)", &gathered, 50, none)?;
+    measure(
+        "slices -> shuffle -> batch(256) -> to f32",
+        &gathered,
+        50,
+        none,
+    )?;
     measure(
         "... -> prefetch(2)",
         &gathered.clone().prefetch(2),
         50,
         none,
     )?;
-    let per_example = slices.shuffle(10_000, 1).map(Ok).batch(256, false);
+    let per_example = slices
+        .shuffle(10_000, 1)
+        .map(Ok)
+        .batch(256, false)
+        .map(pixels_to_unit_f32);
     measure(
         "slices -> shuffle -> map -> batch(256)",
         &per_example,

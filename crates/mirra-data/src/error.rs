@@ -94,6 +94,40 @@ pub enum DataError {
         /// Data bytes after the header.
         actual: u128,
     },
+    /// IDX data that goes on after the size its header declares (found in a gzip
+    /// stream, which is not inflated further to count the excess).
+    #[error(
+        "{}: dimensions {dims:?} need {expected} data bytes, but the data goes on after \
+         them (trailing bytes)",
+        path.display()
+    )]
+    TrailingData {
+        /// The file.
+        path: PathBuf,
+        /// The dimensions in the header.
+        dims: Vec<usize>,
+        /// Data bytes the dimensions need.
+        expected: u128,
+    },
+    /// An IDX header that declares more bytes than its file can hold, refused before
+    /// anything is allocated or inflated.
+    #[error(
+        "{}: dimensions {dims:?} declare {declared} bytes, more than the {limit} this file \
+         can hold ({reason})",
+        path.display()
+    )]
+    DeclaredTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The dimensions in the header.
+        dims: Vec<usize>,
+        /// Bytes the header declares (itself and the data).
+        declared: u128,
+        /// The most the file can hold.
+        limit: u128,
+        /// Why that is the most.
+        reason: &'static str,
+    },
     /// A file whose contents are well-formed but not what the reader needs (dtype, shape,
     /// value range).
     #[error("{}: expected {expected}, found {actual}", path.display())]

@@ -1,6 +1,6 @@
 //! `mirra train`: the reference recipe on MNIST.
 
-use mirra::data::{Dataset, Mnist};
+use mirra::data::{pixels_to_unit_f32, Dataset, Mnist};
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use std::sync::Arc;
 
@@ -47,24 +47,31 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     } else {
         args.lr
     };
-    let dir = args.data.clone().unwrap_or_else(mirra::data::bundled_dir);
-    if !dir.is_dir() {
-        return Err(Failure::Usage(format!(
-            "data directory '{}' does not exist",
-            dir.display()
-        )));
+    // Without --data, the test set embedded in the binary: no file, no checkout needed.
+    let mnist = match &args.data {
+        Some(dir) if !dir.is_dir() => {
+            return Err(Failure::Usage(format!(
+                "data directory '{}' does not exist",
+                dir.display()
+            )))
+        }
+        Some(dir) => Mnist::load(dir),
+        None => Mnist::bundled(),
     }
-    let mnist = Mnist::load(&dir).map_err(|e| Failure::Usage(e.to_string()))?;
+    .map_err(|e| Failure::Usage(e.to_string()))?;
     let (train_n, val_n) = (mnist.train.len(), mnist.validation.len());
-    let train = Dataset::from_tensor_slices(vec![mnist.train.images, mnist.train.labels])
+    // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
+    let train = Dataset::from_tensor_slices(vec![mnist.train.pixels, mnist.train.labels])
         .map_err(|e| run_err(&e))?
         .shuffle(SHUFFLE_BUFFER, args.seed)
         .batch(args.batch_size, false)
+        .map(pixels_to_unit_f32)
         .prefetch(PREFETCH);
     let validation =
-        Dataset::from_tensor_slices(vec![mnist.validation.images, mnist.validation.labels])
+        Dataset::from_tensor_slices(vec![mnist.validation.pixels, mnist.validation.labels])
             .map_err(|e| run_err(&e))?
             .batch(args.batch_size.max(256), false)
+            .map(pixels_to_unit_f32)
             .prefetch(PREFETCH);
 
     // Under a strategy the model is built in its scope, so its variables are mirrored.
