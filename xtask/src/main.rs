@@ -13,6 +13,7 @@ mod flags;
 mod gpu_bundle;
 mod gpu_probe;
 mod json;
+
 mod machine;
 mod matmul;
 mod memcpy;
@@ -28,6 +29,7 @@ mod scaling_measured;
 mod subnormal;
 mod table;
 mod timing;
+mod torch_mlp;
 
 use std::process::ExitCode;
 
@@ -35,7 +37,7 @@ use std::process::ExitCode;
 const COMMANDS: &[(&str, &str, bool)] = &[
     (
         "bench",
-        "matmul GFLOP/s vs numpy, MLP samples/s, peak RSS -> target/bench/core.json",
+        "matmul vs numpy, MLP training vs PyTorch, mirra train itself, subnormals, peak RSS -> target/bench/core.json",
         true,
     ),
     (
@@ -106,10 +108,6 @@ fn usage() -> String {
     for (name, what, _) in COMMANDS {
         s.push_str(&format!("  {name:<18} {what}\n"));
     }
-    s.push_str(&format!(
-        "\n`cargo xtask bench` flags:\n{}",
-        bench_core::FLAGS_HELP
-    ));
     s.push_str(&format!(
         "\n`cargo xtask bench-collectives` flags:\n{}",
         bench_collectives::FLAGS_HELP

@@ -1,10 +1,14 @@
-//! Training throughput of the MNIST MLP (`mirra::models::mlp`: Flatten -> Dense(128,
-//! relu) -> Dense(64, relu) -> Dense(10, softmax), Adam 1e-3, sparse categorical
-//! cross-entropy) on synthetic batches, and the buffer allocations of a warmed-up step.
+//! The MNIST MLP (`mirra::models::mlp`: Flatten -> Dense(128, relu) -> Dense(64, relu) ->
+//! Dense(10, softmax), Adam 1e-3, sparse categorical cross-entropy) trained as `mirra
+//! train` trains it: MNIST through the recipe's pipeline (shuffled every epoch, batched,
+//! converted per batch, prefetched), whole epochs timed after a warm-up epoch, with the
+//! buffer allocations of those epochs counted. Data the model cannot memorise: a step on
+//! a few cycled batches gets faster or slower as the model learns them, not as users' do.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
+use mirra::data::{Dataset, Mnist};
 use mirra::device::pool_stats;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use mirra::nn::{Accuracy, Metric};
@@ -14,65 +18,113 @@ use mirra::tensor::init::{rng, Initializer};
 use mirra::tensor::{set_num_threads, DType, Device, Tensor};
 use mirra::train::Model;
 
-use crate::timing::{measure as time, Plan};
-
-/// Seed of the weights and the synthetic data.
-const SEED: u64 = 42;
-/// Distinct synthetic batches, cycled (a dataset's worth of variety is not needed to
-/// measure throughput; a few keep the step from seeing one batch only).
+/// Seed of the weights, the data order and the synthetic data.
+pub const SEED: u64 = 42;
+/// Distinct synthetic batches of [`synthetic_batches`].
 const DISTINCT_BATCHES: usize = 4;
-/// Steps over which pool misses are counted after warm-up.
-const COUNTED_STEPS: u64 = 20;
 
-/// Throughput at one batch size.
+/// What the timed epochs of a run measured.
 #[derive(Debug, Clone, Copy)]
-pub struct Throughput {
-    /// Training samples per second (median over the repeats).
+pub struct Epochs {
+    /// Training examples per second over the timed epochs (steps and waiting for data).
     pub samples_per_sec: f64,
-    /// Buffer-pool misses (allocations) per step after warm-up.
+    /// Steps timed.
+    pub steps: usize,
+    /// Buffer-pool misses (allocations) per timed step.
     pub allocations_per_step: f64,
-    /// Buffer requests per step (pool hits and misses): shows that the counter counts.
+    /// Buffer requests (hits and misses) per timed step: shows that the counter counts.
     pub buffer_requests_per_step: f64,
+    /// The mean loss of the last epoch.
+    pub last_loss: f64,
 }
 
-/// Samples/s and buffer allocations per step at each batch size, with `threads` kernel
-/// threads.
-pub fn measure(
-    batches: &[usize],
-    threads: usize,
-    plan: Plan,
-) -> Result<BTreeMap<usize, Throughput>, String> {
-    set_num_threads(threads);
+/// One epoch's count.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Epoch {
+    /// Wall seconds of the epoch: training steps and waiting for batches.
+    pub seconds: f64,
+    /// Training examples.
+    pub samples: usize,
+    /// Steps.
+    pub steps: usize,
+    /// Buffer-pool misses (allocations).
+    pub misses: u64,
+    /// Buffer requests, hits and misses.
+    pub requests: u64,
+    /// Mean loss of its steps.
+    pub loss: f64,
+}
+
+/// Trains `model` for epoch `epoch` of `data` (items `[x, y]`).
+pub fn run_epoch(model: &mut Model, data: &Dataset, epoch: usize) -> Result<Epoch, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    let mut out = BTreeMap::new();
-    for &batch in batches {
-        let mut model = compile(None)?;
-        let data = synthetic_batches(batch)?;
-        let mut i = 0usize;
-        let mut step = || -> Result<(), String> {
-            let (x, y) = &data[i % data.len()];
-            i += 1;
-            model.train_step(x.clone(), y).map_err(|e| err(&e))?;
-            Ok(())
+    let before = pool_stats();
+    let start = Instant::now();
+    let mut e = Epoch::default();
+    for item in data.iter_epoch(epoch as u64).map_err(|e| err(&e))? {
+        let mut item = item.map_err(|e| err(&e))?;
+        let (Some(y), Some(x)) = (item.pop(), item.pop()) else {
+            return Err("a batch without images and labels".into());
         };
-        let samples = time(plan, &mut step)?;
-        let before = pool_stats();
-        for _ in 0..COUNTED_STEPS {
-            step()?;
-        }
-        let after = pool_stats();
-        let misses = after.misses - before.misses;
-        let requests = misses + (after.hits - before.hits);
-        out.insert(
-            batch,
-            Throughput {
-                samples_per_sec: batch as f64 / samples.median(),
-                allocations_per_step: misses as f64 / COUNTED_STEPS as f64,
-                buffer_requests_per_step: requests as f64 / COUNTED_STEPS as f64,
-            },
-        );
+        e.samples += x.dims()[0];
+        e.loss += model.train_step(x, &y).map_err(|e| err(&e))?.loss;
+        e.steps += 1;
     }
-    Ok(out)
+    e.seconds = start.elapsed().as_secs_f64();
+    let after = pool_stats();
+    e.misses = after.misses - before.misses;
+    e.requests = e.misses + (after.hits - before.hits);
+    e.loss /= e.steps.max(1) as f64;
+    Ok(e)
+}
+
+/// Trains `model` for `epochs` epochs of `data`, timing all but the first `warm_up`.
+pub fn train_epochs(
+    model: &mut Model,
+    data: &Dataset,
+    epochs: usize,
+    warm_up: usize,
+) -> Result<Epochs, String> {
+    let mut timed = Epoch::default();
+    let mut last_loss = f64::NAN;
+    for epoch in 0..epochs {
+        let e = run_epoch(model, data, epoch)?;
+        last_loss = e.loss;
+        if epoch >= warm_up {
+            timed.seconds += e.seconds;
+            timed.samples += e.samples;
+            timed.steps += e.steps;
+            timed.misses += e.misses;
+            timed.requests += e.requests;
+        }
+    }
+    if timed.steps == 0 {
+        return Err(format!(
+            "no timed steps ({epochs} epochs, {warm_up} warm-up)"
+        ));
+    }
+    Ok(Epochs {
+        samples_per_sec: timed.samples as f64 / timed.seconds,
+        steps: timed.steps,
+        allocations_per_step: timed.misses as f64 / timed.steps as f64,
+        buffer_requests_per_step: timed.requests as f64 / timed.steps as f64,
+        last_loss,
+    })
+}
+
+/// The MLP trained on `mnist` at `batch` with `threads` kernel threads for `epochs`
+/// epochs, the first a warm-up, through the pipeline `mirra train` uses.
+pub fn measure(
+    mnist: &Mnist,
+    batch: usize,
+    threads: usize,
+    epochs: usize,
+) -> Result<Epochs, String> {
+    set_num_threads(threads);
+    let mut model = compile(None)?;
+    let data =
+        mirra::recipe::train_pipeline(&mnist.train, batch, SEED).map_err(|e| e.to_string())?;
+    train_epochs(&mut model, &data, epochs, 1)
 }
 
 /// The benchmarked MLP, compiled for one device or, built in its scope, for a strategy.

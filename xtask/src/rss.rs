@@ -7,14 +7,6 @@
 //! [`FULL_MNIST_DIR`] (under 100 MiB), which is outside the repository: without it that
 //! figure is reported missing, never replaced by another run.
 
-// `bench_core.rs` (the lead's file) is to call `measure_peaks`, `peaks_json` and
-// `print_peaks` instead of `measure`; until it does they are unused. This expectation
-// then fails the build as a reminder to delete it.
-#![expect(
-    dead_code,
-    reason = "measure_peaks is wired into bench_core.rs at the merge"
-)]
-
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -85,12 +77,6 @@ fn build(root: &Path) -> Result<(), String> {
     }
 }
 
-/// Builds the CLI, runs one epoch of `mirra train` from the workspace root, and returns
-/// its peak RSS; `Err` says why there is no figure.
-pub fn measure(root: &Path, target: &Path, log: &Path) -> Result<Run, String> {
-    measure_args(root, target, log, &TRAIN_ARGS)
-}
-
 /// One measured run of [`measure_peaks`] and its target.
 #[derive(Debug)]
 pub struct Peak {
@@ -116,7 +102,7 @@ impl Peak {
 /// folder lacks the training files), logs in `log_dir`. This is what `cargo xtask bench`
 /// reports; [`peaks_json`] and [`print_peaks`] render it.
 pub fn measure_peaks(root: &Path, target: &Path, log_dir: &Path) -> Vec<Peak> {
-    let binary = binary(root, target);
+    let binary = mirra_binary(root, target);
     let run = |name: &'static str, args: &'static [&'static str]| {
         let log = log_dir.join(format!("mirra-train-{name}.log"));
         std::fs::create_dir_all(log_dir)
@@ -205,33 +191,40 @@ pub fn peaks_json(peaks: &[Peak]) -> Value {
     )
 }
 
-/// One table line per run: peak, target, met.
-pub fn print_peaks(peaks: &[Peak]) {
-    for p in peaks {
-        let label = format!("peak RSS, mirra {}", p.args.join(" "));
-        match &p.run {
-            Ok(r) => println!(
-                "{label:<60} {:>8.1} MiB   < {} MiB  {}",
-                r.peak_mib,
-                p.target_mib,
-                if r.peak_mib < p.target_mib {
-                    "met"
-                } else {
-                    "NOT MET"
-                }
+/// One table line per run of [`peaks_json`]'s report: peak, target, met.
+pub fn print_peaks_json(peaks: &Value) {
+    let Some(runs) = peaks.as_object() else {
+        return;
+    };
+    if let Some(why) = peaks["unavailable"].as_str() {
+        println!("peak RSS: none ({why})");
+        return;
+    }
+    for (name, p) in runs {
+        let label = format!("peak RSS, {name}");
+        let target = p["max_exclusive_mib"].as_f64().unwrap_or(f64::NAN);
+        match p["peak_mib"].as_f64() {
+            Some(peak) => println!(
+                "{label:<28} {peak:>8.1} MiB   < {target} MiB  {}   ({})",
+                crate::table::mark(&p["met"]),
+                p["command"].as_str().unwrap_or("")
             ),
-            Err(e) => println!("{label:<60} {:>8}       < {} MiB  ({e})", "-", p.target_mib),
+            None => println!(
+                "{label:<28} {:>8}       < {target} MiB  n/a   ({})",
+                "-",
+                p["unavailable"].as_str().unwrap_or("?")
+            ),
         }
     }
 }
 
 /// Peak RSS of `target/release/mirra` run with `args`.
 pub fn measure_args(root: &Path, target: &Path, log: &Path, args: &[&str]) -> Result<Run, String> {
-    run_measured(root, &binary(root, target)?, log, args)
+    run_measured(root, &mirra_binary(root, target)?, log, args)
 }
 
 /// The release `mirra` binary, built now.
-fn binary(root: &Path, target: &Path) -> Result<PathBuf, String> {
+pub fn mirra_binary(root: &Path, target: &Path) -> Result<PathBuf, String> {
     if !root.join("crates/mirra/Cargo.toml").is_file() {
         return Err("crates/mirra (the `mirra` CLI) does not exist yet".into());
     }

@@ -16,3 +16,4 @@ pub use mirra_tensorboard as tensorboard;
 pub use mirra_train as train;
 
 pub mod models;
+pub mod recipe;

@@ -1,6 +1,6 @@
 //! `mirra train`: the reference recipe on MNIST.
 
-use mirra::data::{pixels_to_unit_f32, Dataset, Mnist};
+use mirra::data::Mnist;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use std::sync::Arc;
 
@@ -10,11 +10,6 @@ use mirra::strategy::{MirroredStrategy, StrategyConfig};
 use mirra::train::{Callback, FitConfig, Model, ProgbarLogger};
 
 use crate::{Failure, TrainArgs};
-
-/// Shuffle buffer: the whole training split, a uniform permutation per epoch.
-const SHUFFLE_BUFFER: usize = 60_000;
-/// Batches prepared ahead of the training step on a background thread.
-const PREFETCH: usize = 2;
 
 pub fn run(args: TrainArgs) -> Result<(), Failure> {
     let run_err = |e: &dyn std::fmt::Display| Failure::Run(e.to_string());
@@ -61,18 +56,10 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let (train_n, val_n) = (mnist.train.len(), mnist.validation.len());
     // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
-    let train = Dataset::from_tensor_slices(vec![mnist.train.pixels, mnist.train.labels])
-        .map_err(|e| run_err(&e))?
-        .shuffle(SHUFFLE_BUFFER, args.seed)
-        .batch(args.batch_size, false)
-        .map(pixels_to_unit_f32)
-        .prefetch(PREFETCH);
-    let validation =
-        Dataset::from_tensor_slices(vec![mnist.validation.pixels, mnist.validation.labels])
-            .map_err(|e| run_err(&e))?
-            .batch(args.batch_size.max(256), false)
-            .map(pixels_to_unit_f32)
-            .prefetch(PREFETCH);
+    let train = mirra::recipe::train_pipeline(&mnist.train, args.batch_size, args.seed)
+        .map_err(|e| run_err(&e))?;
+    let validation = mirra::recipe::eval_pipeline(&mnist.validation, args.batch_size.max(256))
+        .map_err(|e| run_err(&e))?;
 
     // Under a strategy the model is built in its scope, so its variables are mirrored.
     match &strategy {

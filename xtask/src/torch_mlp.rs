@@ -1,0 +1,151 @@
+//! PyTorch training the same MLP on the same data the same way, in a `python3`
+//! subprocess, for comparison with mirra's training in the same run.
+//!
+//! The same model (Flatten -> Linear 784x128 -> ReLU -> Linear 128x64 -> ReLU -> Linear
+//! 64x10, cross-entropy on the logits, Adam 1e-3 with its default foreach path), the same
+//! MNIST files read from the same folder (the full set when its training files are there,
+//! else the test set split 8,000 / 2,000 as mirra splits it), pixels as f32 / 255, a new
+//! permutation of the training set per epoch, batches gathered from it, one loss read per
+//! step (as mirra's `train_step` returns it), eager mode. Epoch 1 warms up; samples/s is
+//! the training examples of the later epochs over their wall time. Threads:
+//! `torch.set_num_threads(n)`, one inter-op thread.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+/// The script: argv = data_dir threads epochs seed batch[,batch...]; prints one JSON line.
+const SCRIPT: &str = r#"
+import gzip, json, os, sys, time
+data_dir, threads, epochs, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+batches = [int(b) for b in sys.argv[5].split(",")]
+try:
+    import torch
+    from torch import nn
+except Exception as e:
+    print(json.dumps({"error": "torch does not import: %s" % e}), flush=True)
+    sys.exit(0)
+torch.set_num_threads(threads)
+try:
+    torch.set_num_interop_threads(1)
+except RuntimeError:
+    pass
+
+def find(name):
+    dotted = name.replace("-idx", ".idx", 1)
+    for n in (name, name + ".gz", dotted, dotted + ".gz"):
+        p = os.path.join(data_dir, n)
+        if os.path.isfile(p):
+            return p
+    return None
+
+def idx(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+train_images, train_labels = find("train-images-idx3-ubyte"), find("train-labels-idx1-ubyte")
+if train_images and train_labels:
+    images, labels = idx(train_images), idx(train_labels)
+    source = "full"
+else:
+    images, labels = idx(find("t10k-images-idx3-ubyte")), idx(find("t10k-labels-idx1-ubyte"))
+    n_train = len(images) * 4 // 5
+    images, labels = images[:n_train], labels[:n_train]
+    source = "test set split"
+x = images.to(torch.float32) / 255.0
+y = labels.to(torch.int64)
+n = len(x)
+results = {}
+for b in batches:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(seed)
+    seconds = []
+    for epoch in range(epochs):
+        perm = torch.randperm(n, generator=g)
+        t0 = time.perf_counter()
+        for i in range(0, n, b):
+            idx_b = perm[i:i + b]
+            xb, yb = x[idx_b], y[idx_b]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            last = loss.item()
+        seconds.append(time.perf_counter() - t0)
+    timed = seconds[1:]
+    results[str(b)] = {"samples_per_sec": n * len(timed) / sum(timed), "epoch_seconds": seconds, "last_loss": last}
+print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
+                  "train_examples": n, "source": source, "results": results}), flush=True)
+"#;
+
+/// PyTorch's samples/s per batch size, or why there are none. `epochs` includes the
+/// warm-up epoch.
+pub fn measure(
+    data_dir: &Path,
+    threads: usize,
+    epochs: usize,
+    seed: u64,
+    batches: &[usize],
+) -> Result<Value, String> {
+    let list: Vec<String> = batches.iter().map(usize::to_string).collect();
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .arg(data_dir)
+        .arg(threads.to_string())
+        .arg(epochs.to_string())
+        .arg(seed.to_string())
+        .arg(list.join(","))
+        .env("OMP_NUM_THREADS", threads.to_string())
+        .env("MKL_NUM_THREADS", threads.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run python3: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or_else(|| {
+            let err = String::from_utf8_lossy(&out.stderr);
+            format!(
+                "the PyTorch script printed no result ({}): {}",
+                out.status,
+                err.lines().last().unwrap_or("")
+            )
+        })?;
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("bad JSON from python: {e}"))?;
+    match v.get("error").and_then(Value::as_str) {
+        Some(e) => Err(format!("{e} (pip install torch)")),
+        None => Ok(v),
+    }
+}
+
+/// Samples/s at `batch` from [`measure`]'s JSON.
+pub fn samples_per_sec(v: &Value, batch: usize) -> Option<f64> {
+    v["results"][batch.to_string()]["samples_per_sec"].as_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_read_per_batch() {
+        let v: Value = serde_json::from_str(
+            r#"{"results": {"64": {"samples_per_sec": 55000.5}, "256": {"samples_per_sec": 180000}}}"#,
+        )
+        .unwrap();
+        assert_eq!(samples_per_sec(&v, 64), Some(55000.5));
+        assert_eq!(samples_per_sec(&v, 256), Some(180000.0));
+        assert_eq!(samples_per_sec(&v, 128), None);
+    }
+}
