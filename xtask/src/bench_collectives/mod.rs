@@ -1,39 +1,57 @@
-//! `cargo xtask bench-collectives`: nccl-tests' table for mirra's CPU collectives.
+//! `cargo xtask bench-collectives`: nccl-tests' table for mirra's CPU collectives, with the
+//! machine's copy curve and mirra's peers measured in the same run.
 //!
 //! For each backend and world size, one group of rank threads times all-reduce over the
 //! full size sweep (4 KiB to 256 MiB of f32, doubling) and reduce-scatter, all-gather and
 //! broadcast over a coarse one (4 KiB, 1 MiB, 64 MiB); see [`ranks`](crate::ranks) for
-//! how an iteration is timed and checked, and [`nccl`](crate::nccl) for the columns.
+//! how an iteration is timed and checked (every iteration), and [`nccl`](crate::nccl) for
+//! the columns.
 //!
-//! This machine's memcpy bandwidth (256 MiB f32, bytes counted once, 1 and 2 threads) is
-//! measured before and after the collectives, and the median of all repeats is the
-//! physical limit that the all-reduce targets are measured against.
+//! Beside each all-reduce size the table prints the copy curve measured in the same run
+//! the way the collective runs ([`memcpy`](crate::memcpy): one thread per rank, each with
+//! a rank's working set), and algbw over it. The copy rate is a yardstick, not a limit: on
+//! this kind of machine it moves with the working set, and a ratio above 1.0 is reported
+//! as "above the measured copy rate", never as a target met.
+//!
+//! The targets are against peers measured in the same run ([`peers`]): OpenMPI's own
+//! `MPI_Allreduce` between processes (when `mpirun` and `mpicc` are installed;
+//! `ci/install-mpi.sh`) and gloo through `torch.distributed` (when `torch` imports).
+//! Where a peer is missing its rows say so and the targets against it are not met, not
+//! missed ([`targets`]).
 //!
 //! Everything lands in `target/bench/collectives.json` (written atomically). A group that
 //! fails (a collective returns an error) is reported and skipped; the command then ends
-//! with exit status 1, as it does when any result is wrong.
+//! with exit status 1, as it does when any of mirra's results is wrong.
 
+mod peers;
+mod targets;
+
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use clap::Parser;
 use mirra_collectives::{Config, BACKENDS, MAX_WORLD_SIZE};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
+use self::peers::{Peer, PeerRun, SizePlan};
 use crate::json::{num, opt, save};
 use crate::machine::{self, CpuSnapshot};
+use crate::memcpy::{self, CopyPlan, CopyPoint, Kernel};
 use crate::nccl::{self, size_label, Op, Row};
-use crate::paths::bench_file;
+use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::ranks::{Group, Job};
-use crate::table::mark;
-use crate::timing::{median, Plan, Samples};
-use crate::{flags, memcpy, Failure};
+use crate::timing::median;
+use crate::{cli, Failure};
 
-/// The flags of `cargo xtask bench-collectives`, for the usage message.
+/// The flags of `cargo xtask bench-collectives`, for the usage message (clap's `--help`
+/// says the same; a test keeps the two in step).
 pub const FLAGS_HELP: &str =
     "  --quick            a smoke subset: 2 and 4 ranks, up to 1 MiB, few iterations
   --backends a,b     backends to run (default: all of them, in mirra_collectives::BACKENDS)
   --world-sizes 2,4  world sizes (default: 2,4,8)
   --max-bytes N      largest message, e.g. 64M (default: 256M; --quick: 1M)
+  --peers a,b        peers measured beside mirra: openmpi, gloo, or none (default: openmpi,gloo)
   --out FILE         where to write the JSON (default: target/bench/collectives.json)
 ";
 
@@ -43,119 +61,120 @@ pub const MIN_BYTES: usize = 4 << 10;
 pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 /// The sweep of reduce-scatter, all-gather and broadcast.
 pub const COARSE_BYTES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
-/// The size of the memcpy measurement.
-pub const MEMCPY_BYTES: usize = 256 << 20;
 /// The default world sizes.
 pub const WORLD_SIZES: [usize; 3] = [2, 4, 8];
 
-/// The all-reduce size of the bandwidth targets.
-pub const TARGET_BYTES: usize = 64 << 20;
-/// Best backend's busbw / memcpy (1 thread) at 64 MiB: (world size, at least).
-pub const TARGET_BUSBW_RATIOS: [(usize, f64); 2] = [(2, 0.9), (4, 0.8)];
-/// `tree` beats `ring` below this many bytes.
-pub const TREE_BELOW_BYTES: usize = 64 << 10;
-/// A 4 KiB all-reduce at 4 ranks in less than this many microseconds.
-pub const TARGET_SMALL_US: f64 = 50.0;
-pub const TARGET_SMALL_BYTES: usize = 4 << 10;
-pub const TARGET_SMALL_RANKS: usize = 4;
+/// `cargo xtask bench-collectives` flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask bench-collectives",
+    about = "nccl-tests tables of mirra's CPU collectives, the copy curve and OpenMPI and gloo \
+             beside them -> target/bench/collectives.json"
+)]
+struct Args {
+    /// A smoke subset: 2 and 4 ranks, up to 1 MiB, few iterations.
+    #[arg(long)]
+    quick: bool,
+    /// Backends to run, comma-separated (default: all of them).
+    #[arg(long, value_delimiter = ',', value_parser = backend_name)]
+    backends: Option<Vec<String>>,
+    /// World sizes, comma-separated (default: 2,4,8; --quick: 2,4).
+    #[arg(long, value_delimiter = ',', value_parser = world_size)]
+    world_sizes: Option<Vec<usize>>,
+    /// Largest message, e.g. 64M (default: 256M; --quick: 1M).
+    #[arg(long, value_parser = max_bytes)]
+    max_bytes: Option<usize>,
+    /// Peers measured beside mirra: openmpi, gloo, or none (default: openmpi,gloo).
+    #[arg(long, value_parser = peer_list)]
+    peers: Option<PeerList>,
+    /// Where to write the JSON (default: target/bench/collectives.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
 
+/// The peers of `--peers`.
+#[derive(Clone, Debug)]
+struct PeerList(Vec<Peer>);
+
+fn peer_list(s: &str) -> Result<PeerList, String> {
+    peers::parse_peers(s).map(PeerList)
+}
+
+fn backend_name(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if BACKENDS.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unknown backend `{s}` (known: {})",
+            BACKENDS.join(", ")
+        ))
+    }
+}
+
+fn world_size(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_WORLD_SIZE).contains(n))
+        .ok_or_else(|| format!("a world size is 1 to {MAX_WORLD_SIZE}, got `{s}`"))
+}
+
+fn max_bytes(s: &str) -> Result<usize, String> {
+    nccl::parse_bytes(s)
+        .filter(|&n| n >= MIN_BYTES)
+        .ok_or_else(|| {
+            format!("a size of at least {MIN_BYTES} bytes (as 4096, 64K, 256M), got `{s}`")
+        })
+}
+
+/// The flags, with the defaults filled in.
 #[derive(Debug)]
 struct Options {
     quick: bool,
     backends: Vec<String>,
     world_sizes: Vec<usize>,
     max_bytes: usize,
+    peers: Vec<Peer>,
     out: Option<PathBuf>,
 }
 
-fn list(flag: &str, v: &str) -> Result<Vec<String>, Failure> {
-    let items: Vec<String> = v
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
-    if items.is_empty() {
-        return Err(Failure::usage(format!(
-            "xtask bench-collectives: {flag} needs a comma-separated list"
-        )));
-    }
-    Ok(items)
-}
-
-fn parse(args: &[String]) -> Result<Options, Failure> {
-    let mut quick = false;
-    let mut backends = None;
-    let mut world_sizes = None;
-    let mut max_bytes = None;
-    let mut out = None;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |flag: &str| flags::value("bench-collectives", flag, &mut it);
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--backends" => {
-                let names = list("--backends", &value("--backends")?)?;
-                if let Some(bad) = names.iter().find(|b| !BACKENDS.contains(&b.as_str())) {
-                    return Err(Failure::usage(format!(
-                        "xtask bench-collectives: unknown backend `{bad}` (known: {})",
-                        BACKENDS.join(", ")
-                    )));
-                }
-                backends = Some(names);
-            }
-            "--world-sizes" => {
-                let mut sizes = Vec::new();
-                for s in list("--world-sizes", &value("--world-sizes")?)? {
-                    let n = s
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| (1..=MAX_WORLD_SIZE).contains(n))
-                        .ok_or_else(|| {
-                            Failure::usage(format!(
-                                "xtask bench-collectives: a world size is 1 to \
-                                 {MAX_WORLD_SIZE}, got `{s}`"
-                            ))
-                        })?;
-                    if !sizes.contains(&n) {
-                        sizes.push(n);
-                    }
-                }
-                world_sizes = Some(sizes);
-            }
-            "--max-bytes" => {
-                let v = value("--max-bytes")?;
-                let n = nccl::parse_bytes(&v)
-                    .filter(|&n| n >= MIN_BYTES)
-                    .ok_or_else(|| {
-                        Failure::usage(format!(
-                            "xtask bench-collectives: --max-bytes takes a size of at least \
-                             {MIN_BYTES} (as 4096, 64K, 256M), got `{v}`"
-                        ))
-                    })?;
-                max_bytes = Some(n);
-            }
-            "--out" => out = Some(PathBuf::from(value("--out")?)),
-            other => {
-                return Err(Failure::usage(format!(
-                    "xtask bench-collectives: unknown flag `{other}`\n\nflags:\n{FLAGS_HELP}"
-                )))
-            }
+/// The options of `args`; `Ok(None)` after `--help`.
+fn parse(args: &[String]) -> Result<Option<Options>, Failure> {
+    let Some(a) = cli::parse::<Args>("xtask bench-collectives", args)? else {
+        return Ok(None);
+    };
+    let mut world_sizes = Vec::new();
+    for n in a.world_sizes.unwrap_or_else(|| {
+        if a.quick {
+            vec![2, 4]
+        } else {
+            WORLD_SIZES.to_vec()
+        }
+    }) {
+        if !world_sizes.contains(&n) {
+            world_sizes.push(n);
         }
     }
-    Ok(Options {
-        quick,
-        backends: backends.unwrap_or_else(|| BACKENDS.iter().map(|s| s.to_string()).collect()),
-        world_sizes: world_sizes.unwrap_or_else(|| {
-            if quick {
-                vec![2, 4]
-            } else {
-                WORLD_SIZES.to_vec()
-            }
-        }),
-        max_bytes: max_bytes.unwrap_or(if quick { 1 << 20 } else { DEFAULT_MAX_BYTES }),
-        out,
-    })
+    let mut backends = Vec::new();
+    for b in a
+        .backends
+        .unwrap_or_else(|| BACKENDS.iter().map(|s| s.to_string()).collect())
+    {
+        if !backends.contains(&b) {
+            backends.push(b);
+        }
+    }
+    Ok(Some(Options {
+        quick: a.quick,
+        backends,
+        world_sizes,
+        max_bytes: a
+            .max_bytes
+            .unwrap_or(if a.quick { 1 << 20 } else { DEFAULT_MAX_BYTES }),
+        peers: a.peers.map_or_else(|| Peer::ALL.to_vec(), |p| p.0),
+        out: a.out,
+    }))
 }
 
 /// The message sizes of `op`: all-reduce doubles from 4 KiB (quadruples with `quick`) up
@@ -190,228 +209,57 @@ fn iterations(bytes: usize, predicted_s: Option<f64>, quick: bool) -> (usize, us
     (warmup, iters)
 }
 
-/// The row of `op` at `bytes` for a backend and world size.
-fn find<'a>(rows: &'a [Row], backend: &str, n: usize, op: Op, bytes: usize) -> Option<&'a Row> {
-    rows.iter()
-        .find(|r| r.backend == backend && r.world_size == n && r.op == op && r.bytes == bytes)
+/// How much of the copy curve to measure at each point.
+fn copy_plan(quick: bool) -> CopyPlan {
+    CopyPlan {
+        repeats: if quick { 3 } else { 5 },
+        bytes_per_repeat: if quick { 8 << 20 } else { 64 << 20 },
+    }
 }
 
-/// busbw / memcpy of the 64 MiB all-reduce, per backend and world size.
-fn busbw_ratios(rows: &[Row], backends: &[String], world_sizes: &[usize], memcpy: f64) -> Value {
-    let mut out = Map::new();
-    for b in backends {
-        let per_n: Map<String, Value> = world_sizes
-            .iter()
-            .map(|&n| {
-                let ratio = find(rows, b, n, Op::AllReduce, TARGET_BYTES)
-                    .map(|r| r.bandwidths().1 / memcpy);
-                (n.to_string(), opt(ratio, 3))
-            })
-            .collect();
-        out.insert(b.clone(), Value::Object(per_n));
+/// A copy-curve point as it lands in `collectives.json`.
+fn copy_json(p: &CopyPoint) -> Value {
+    let (best, kernel) = p.best();
+    let mut v = json!({
+        "threads": p.threads,
+        "bytes": p.bytes,
+        "best_gbs": num(best, 3),
+        "best_kernel": kernel.name(),
+    });
+    for (k, rates) in Kernel::ALL.iter().zip(&p.gbs) {
+        v[format!("{}_gbs", k.name())] =
+            json!(rates.iter().map(|x| num(*x, 3)).collect::<Vec<_>>());
+        v[format!("{}_gbs_median", k.name())] = num(median(rates), 3);
     }
-    Value::Object(out)
-}
-
-/// The issue's targets, from the rows and the 1-thread memcpy bandwidth.
-fn targets(rows: &[Row], memcpy: f64) -> Value {
-    let mut t = Map::new();
-    for (n, min) in TARGET_BUSBW_RATIOS {
-        let best = rows
-            .iter()
-            .filter(|r| r.op == Op::AllReduce && r.world_size == n && r.bytes == TARGET_BYTES)
-            .max_by(|a, b| a.bandwidths().1.total_cmp(&b.bandwidths().1));
-        let ratio = best.map(|r| r.bandwidths().1 / memcpy);
-        t.insert(
-            format!("all_reduce_64MiB_busbw_vs_memcpy_{n}_ranks"),
-            json!({
-                "min": min,
-                "measured": opt(ratio, 3),
-                "best_backend": best.map(|r| r.backend.clone()),
-                "busbw_gbs": opt(best.map(|r| r.bandwidths().1), 3),
-                "memcpy_gbs": num(memcpy, 3),
-                "met": ratio.map(|r| r >= min),
-            }),
-        );
-    }
-
-    let mut cases = Vec::new();
-    let mut beaten = 0;
-    for tree in rows
-        .iter()
-        .filter(|r| r.backend == "tree" && r.op == Op::AllReduce && r.bytes < TREE_BELOW_BYTES)
-    {
-        if let Some(ring) = find(rows, "ring", tree.world_size, Op::AllReduce, tree.bytes) {
-            let wins = tree.seconds < ring.seconds;
-            beaten += usize::from(wins);
-            cases.push(json!({
-                "world_size": tree.world_size,
-                "bytes": tree.bytes,
-                "tree_us": num(tree.seconds * 1e6, 2),
-                "ring_us": num(ring.seconds * 1e6, 2),
-                "tree_over_ring": num(tree.seconds / ring.seconds, 3),
-                "met": wins,
-            }));
-        }
-    }
-    let of = cases.len();
-    t.insert(
-        "tree_beats_ring_below_64KiB".into(),
-        json!({
-            "sizes_met": beaten,
-            "sizes": of,
-            "cases": cases,
-            "met": (of > 0).then_some(beaten == of),
-        }),
-    );
-
-    let small: Vec<&Row> = rows
-        .iter()
-        .filter(|r| {
-            r.op == Op::AllReduce
-                && r.world_size == TARGET_SMALL_RANKS
-                && r.bytes == TARGET_SMALL_BYTES
-        })
-        .collect();
-    let best = small.iter().min_by(|a, b| a.seconds.total_cmp(&b.seconds));
-    let by_backend: Map<String, Value> = small
-        .iter()
-        .map(|r| (r.backend.clone(), num(r.seconds * 1e6, 2)))
-        .collect();
-    t.insert(
-        "all_reduce_4KiB_4_ranks_us".into(),
-        json!({
-            "max_exclusive": TARGET_SMALL_US,
-            "measured": opt(best.map(|r| r.seconds * 1e6), 2),
-            "best_backend": best.map(|r| r.backend.clone()),
-            "by_backend": by_backend,
-            "met": best.map(|r| r.seconds * 1e6 < TARGET_SMALL_US),
-        }),
-    );
-    Value::Object(t)
-}
-
-fn cell(v: &Value, digits: usize) -> String {
-    v.as_f64()
-        .map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
-}
-
-/// The summary after the tables: memcpy, the 64 MiB ratios and the targets, as lines.
-fn summary(report: &Value) -> Vec<String> {
-    let mut l = Vec::new();
-    let m = &report["memcpy"];
-    l.push("#".into());
-    l.push(format!(
-        "# memcpy {} f32 (bytes counted once): 1 thread {} GB/s, 2 threads {} GB/s \
-         (median of {} repeats each)",
-        size_label(m["bytes"].as_u64().unwrap_or(0) as usize),
-        cell(&report["memcpy_gbs"], 2),
-        cell(&report["memcpy_gbs_2threads"], 2),
-        m["gbs_1thread"].as_array().map_or(0, Vec::len),
-    ));
-    l.push(
-        "#   the physical limit of a shared-memory all-reduce's busbw; ratios below are \
-         to 1 thread"
-            .into(),
-    );
-    let ratios = report["busbw_vs_memcpy_64MiB"].as_object();
-    let sizes: Vec<String> = report["world_sizes"]
-        .as_array()
-        .map(|a| a.iter().map(|n| n.to_string()).collect())
-        .unwrap_or_default();
-    if let Some(ratios) = ratios {
-        l.push("#".into());
-        l.push("# all_reduce 64MiB f32, busbw / memcpy (1 thread):".into());
-        let mut head = format!("#   {:<14}", "backend");
-        for n in &sizes {
-            head.push_str(&format!(" {:>9}", format!("{n} ranks")));
-        }
-        l.push(head);
-        for (b, per_n) in ratios {
-            let mut line = format!("#   {b:<14}");
-            for n in &sizes {
-                line.push_str(&format!(" {:>9}", cell(&per_n[n], 3)));
-            }
-            l.push(line);
-        }
-    }
-    let t = &report["targets"];
-    l.push("#".into());
-    l.push("# targets".into());
-    for (n, min) in TARGET_BUSBW_RATIOS {
-        let x = &t[format!("all_reduce_64MiB_busbw_vs_memcpy_{n}_ranks")];
-        l.push(format!(
-            "#   64 MiB all-reduce at {n} ranks, best busbw / memcpy >= {min:.2}: {} \
-             ({}, busbw {} GB/s)  {}",
-            cell(&x["measured"], 3),
-            x["best_backend"].as_str().unwrap_or("not measured"),
-            cell(&x["busbw_gbs"], 2),
-            mark(&x["met"]),
-        ));
-    }
-    let x = &t["tree_beats_ring_below_64KiB"];
-    l.push(format!(
-        "#   tree faster than ring below 64 KiB: {} of {} sizes  {}",
-        x["sizes_met"],
-        x["sizes"],
-        mark(&x["met"]),
-    ));
-    for c in x["cases"].as_array().into_iter().flatten() {
-        l.push(format!(
-            "#     {} ranks {:>6}: tree {:>9} us, ring {:>9} us, tree/ring {}",
-            c["world_size"],
-            size_label(c["bytes"].as_u64().unwrap_or(0) as usize),
-            cell(&c["tree_us"], 2),
-            cell(&c["ring_us"], 2),
-            cell(&c["tree_over_ring"], 3),
-        ));
-    }
-    let x = &t["all_reduce_4KiB_4_ranks_us"];
-    let others: Vec<String> = x["by_backend"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(b, us)| format!("{b} {}", cell(us, 2)))
-                .collect()
-        })
-        .unwrap_or_default();
-    l.push(format!(
-        "#   4 KiB all-reduce at 4 ranks < {TARGET_SMALL_US:.0} us: {} us ({})  {}{}",
-        cell(&x["measured"], 2),
-        x["best_backend"].as_str().unwrap_or("not measured"),
-        mark(&x["met"]),
-        if others.is_empty() {
-            String::new()
-        } else {
-            format!("  [{}]", others.join(", "))
-        }
-    ));
-    if let Some(share) = report["others_cpu_share"].as_f64() {
-        l.push(format!(
-            "#   other processes used {:.0}% of the CPUs meanwhile",
-            share * 100.0
-        ));
-    }
-    l
+    v
 }
 
 /// Runs the benchmark, prints the tables and writes the report.
 pub fn run(args: &[String]) -> Result<(), Failure> {
-    let o = parse(args)?;
+    let Some(o) = parse(args)? else {
+        return Ok(());
+    };
     let started = Instant::now();
     let out_path = bench_file(o.out.as_deref(), "collectives.json");
     let facts = machine::facts();
     let config = Config::default();
+    let ar_sizes = sizes(Op::AllReduce, o.max_bytes, o.quick);
     println!(
-        "# mirra collectives benchmark: backends {}, world sizes {:?}, all_reduce {} to {}",
+        "# mirra collectives benchmark: backends {}, world sizes {:?}, all_reduce {} to {}, \
+         peers {}",
         o.backends.join(","),
         o.world_sizes,
         size_label(MIN_BYTES),
-        size_label(
-            *sizes(Op::AllReduce, o.max_bytes, o.quick)
-                .last()
-                .unwrap_or(&0)
-        ),
+        size_label(*ar_sizes.last().unwrap_or(&0)),
+        if o.peers.is_empty() {
+            "none".to_string()
+        } else {
+            o.peers
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+                .join(",")
+        },
     );
     println!(
         "# {} ({} cores), {}; slice {} B, spin {} us, park after {} us, timeout {} s",
@@ -428,21 +276,15 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     }
     let cpu_start = CpuSnapshot::now();
 
-    let memcpy_bytes = if o.quick { 32 << 20 } else { MEMCPY_BYTES };
-    let memcpy_plan = Plan {
-        warm_up: Duration::ZERO,
-        repeats: if o.quick { 3 } else { 5 },
-        min_repeat: Duration::ZERO,
-    };
-    let mut copy1 = memcpy::measure_gbs(memcpy_bytes, 1, memcpy_plan);
-    let mut copy2 = memcpy::measure_gbs(memcpy_bytes, 2, memcpy_plan);
-    println!(
-        "# memcpy {} f32 (bytes counted once): 1 thread {:.2} GB/s, 2 threads {:.2} GB/s \
-         (measured again at the end)",
-        size_label(memcpy_bytes),
-        copy1.median(),
-        copy2.median()
-    );
+    // The copy curve, at every world size and all-reduce size of the sweep.
+    println!("# measuring the copy curve (one thread per rank, a rank's working set each)");
+    let mut curve: BTreeMap<(usize, usize), CopyPoint> = BTreeMap::new();
+    for &n in &o.world_sizes {
+        for &bytes in &ar_sizes {
+            curve.insert((n, bytes), memcpy::measure(bytes, n, copy_plan(o.quick)));
+        }
+    }
+    let copy = |n: usize, bytes: usize| curve.get(&(n, bytes)).map(|p| p.best().0);
 
     let mut rows: Vec<Row> = Vec::new();
     let mut errors: Vec<Value> = Vec::new();
@@ -481,6 +323,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                                 count,
                                 seconds: median(&outcome.seconds),
                                 wrong: outcome.wrong,
+                                copy_gbs: (op == Op::AllReduce).then(|| copy(n, bytes)).flatten(),
                             };
                             println!("{}", row.line());
                             previous = Some((bytes, row.seconds));
@@ -507,31 +350,51 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         }
     }
 
-    copy1.extend(&memcpy::measure_gbs(memcpy_bytes, 1, memcpy_plan));
-    copy2.extend(&memcpy::measure_gbs(memcpy_bytes, 2, memcpy_plan));
-    let memcpy_gbs = copy1.median();
+    // The peers, over the same all-reduce sweep, timed and checked the same way.
+    let plans: Vec<SizePlan> = ar_sizes
+        .iter()
+        .map(|&bytes| {
+            let (warmup, iters) = iterations(bytes, None, o.quick);
+            SizePlan {
+                bytes,
+                warmup,
+                iters,
+            }
+        })
+        .collect();
+    let root = workspace_root();
+    let target = target_dir(&root);
+    let mut peer_runs: Vec<PeerRun> = Vec::new();
+    for &peer in &o.peers {
+        println!("#\n# {}: {}", peer.name(), peer.what());
+        let run = peers::run(peer, &o.world_sizes, &plans, &root, &target, copy);
+        match &run.found {
+            Err(why) => println!("# {} MISSING: {why}", peer.name()),
+            Ok(version) => {
+                println!("# {version}: {}", run.command);
+                for &n in &o.world_sizes {
+                    println!("{}", nccl::header(Op::AllReduce, peer.name(), n));
+                    for r in run.rows.iter().filter(|r| r.world_size == n) {
+                        println!("{}", r.line());
+                    }
+                    if let Some((_, why)) = run.failures.iter().find(|(m, _)| *m == n) {
+                        println!("# {} failed at {n} ranks: {why}", peer.name());
+                    }
+                }
+            }
+        }
+        peer_runs.push(run);
+    }
+
     let others_share = cpu_start
         .zip(CpuSnapshot::now())
         .and_then(|(a, b)| a.others_share(&b));
-
-    let samples_json = |s: &Samples| Value::Array(s.per_call.iter().map(|&x| num(x, 3)).collect());
     let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
     let report = json!({
-        "schema": "mirra-bench-collectives/1",
+        "schema": "mirra-bench-collectives/2",
         "command": format!("cargo xtask bench-collectives {}", args.join(" ")).trim_end(),
         "machine": facts,
         "quick": o.quick,
-        "memcpy_gbs": num(memcpy_gbs, 3),
-        "memcpy_gbs_2threads": num(copy2.median(), 3),
-        "memcpy": {
-            "bytes": memcpy_bytes,
-            "dtype": "f32",
-            "bytes_counted": "once",
-            "statistic": "median of the repeats, half measured before the collectives and \
-                          half after",
-            "gbs_1thread": samples_json(&copy1),
-            "gbs_2threads": samples_json(&copy2),
-        },
         "config": {
             "timeout_ms": config.timeout.as_millis() as u64,
             "slice_bytes": config.slice_bytes,
@@ -540,28 +403,38 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         },
         "backends": o.backends,
         "world_sizes": o.world_sizes,
+        "copy_curve": curve.values().map(copy_json).collect::<Vec<_>>(),
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
-        "busbw_vs_memcpy_64MiB": busbw_ratios(&rows, &o.backends, &o.world_sizes, memcpy_gbs),
-        "targets": targets(&rows, memcpy_gbs),
+        "peers": peer_runs.iter().map(PeerRun::json).collect::<Vec<_>>(),
+        "beside_peers": targets::beside_peers(&rows, &peer_runs, &o.world_sizes, &ar_sizes),
+        "targets": targets::targets(&rows, &peer_runs),
         "wrong": wrong,
         "errors": errors,
         "others_cpu_share": opt(others_share, 3),
         "plan": {
-            "timing": "per iteration: the group's barrier, then the collective, timed on every \
-                       rank; the slowest rank's time; median over the timed iterations",
+            "timing": "per iteration: inputs written afresh, the group's barrier, then the \
+                       collective, timed on every rank; the slowest rank's time; median over \
+                       the timed iterations. The peers' programs (benches/peers/) do the same",
             "iterations": "about 512 MiB of messages and 0.75 s of timed iterations per size \
-                           (from the previous size's time), 3 to 200, after 1 to 10 warm-up \
-                           iterations",
-            "check": "inputs are small integers (exact sums in any order); before the last \
-                      iteration inputs are rewritten and outputs set to NaN; #wrong counts \
-                      the elements of every rank that differ from the closed form",
+                           (from the previous size's time; the peers: 512 MiB), 3 to 200, after \
+                           1 to 10 warm-up iterations",
+            "check": "inputs are small integers (exact sums in any order); before every \
+                      iteration inputs are rewritten and outputs set to NaN; after every \
+                      iteration, warm-up included, #wrong counts the elements of every rank \
+                      that differ from the closed form",
+            "copy_curve": "per world size n and all-reduce size B: n threads at once, each \
+                           copying the first half of its own B-byte buffer into the second \
+                           half (re-used every call), memcpy and a vector loop; GB/s per \
+                           thread (bytes counted once) of the slowest thread per repeat, median \
+                           of the repeats, the better kernel. algbw / copy above 1.0 is \
+                           reported as above the measured copy rate, not as a target",
             "bytes_and_count": "as nccl-tests: bytes of the whole vector, per-rank count",
-            "all_reduce_bytes": sizes(Op::AllReduce, o.max_bytes, o.quick),
+            "all_reduce_bytes": ar_sizes,
             "other_ops_bytes": sizes(Op::Broadcast, o.max_bytes, o.quick),
         },
         "elapsed_s": num(started.elapsed().as_secs_f64(), 1),
     });
-    for line in summary(&report) {
+    for line in targets::summary(&report) {
         println!("{line}");
     }
     save(&out_path, &report, Some(started))?;
@@ -580,37 +453,70 @@ mod tests {
 
     use crate::flags::args;
 
+    fn options(a: &[&str]) -> Options {
+        parse(&args(a)).unwrap().unwrap()
+    }
+
     #[test]
     fn flags_parse_and_bad_ones_are_usage_errors() {
-        let o = parse(&[]).unwrap();
+        let o = options(&[]);
         assert_eq!(o.backends, BACKENDS);
         assert_eq!(o.world_sizes, [2, 4, 8]);
         assert_eq!(o.max_bytes, 256 << 20);
-        let o = parse(&args(&[
+        assert_eq!(o.peers, Peer::ALL);
+        let o = options(&[
             "--backends",
             "tree,ring",
             "--world-sizes",
             "4,2,4",
             "--max-bytes",
             "64M",
-        ]))
-        .unwrap();
+            "--peers",
+            "none",
+        ]);
         assert_eq!(o.backends, ["tree", "ring"]);
         assert_eq!(o.world_sizes, [4, 2]);
         assert_eq!(o.max_bytes, 64 << 20);
-        let q = parse(&args(&["--quick"])).unwrap();
+        assert!(o.peers.is_empty());
+        let q = options(&["--quick", "--peers", "gloo"]);
         assert_eq!((q.world_sizes, q.max_bytes), (vec![2, 4], 1 << 20));
+        assert_eq!(q.peers, [Peer::Gloo]);
         for bad in [
             &["--backends", "nccl"][..],
             &["--backends", ""],
             &["--world-sizes", "0"],
             &["--world-sizes", "65"],
+            &["--world-sizes", "two"],
             &["--max-bytes", "100"],
             &["--max-bytes"],
+            &["--peers", "mpich"],
             &["--bogus"],
+            &["extra"],
         ] {
-            assert_eq!(parse(&args(bad)).unwrap_err().code, 2, "{bad:?}");
+            let e = parse(&args(bad)).unwrap_err();
+            assert_eq!(e.code, 2, "{bad:?}");
         }
+        let e = parse(&args(&["--world-sizes", "65"])).unwrap_err();
+        assert!(
+            e.message.contains("a world size is 1 to 64, got `65`"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn the_usage_text_lists_every_flag() {
+        use clap::CommandFactory;
+        let cmd = Args::command();
+        let longs: Vec<&str> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|l| *l != "help")
+            .collect();
+        for long in &longs {
+            assert!(FLAGS_HELP.contains(&format!("  --{long} ")), "--{long}");
+        }
+        assert_eq!(FLAGS_HELP.matches("\n  --").count() + 1, longs.len());
     }
 
     #[test]
@@ -618,7 +524,7 @@ mod tests {
         let ar = sizes(Op::AllReduce, DEFAULT_MAX_BYTES, false);
         assert_eq!(ar.len(), 17);
         assert_eq!((ar[0], ar[16]), (4096, 256 << 20));
-        assert!(ar.contains(&TARGET_BYTES));
+        assert!(ar.contains(&targets::TARGET_BYTES) && ar.contains(&targets::SMALL_BYTES));
         assert_eq!(
             sizes(Op::ReduceScatter, DEFAULT_MAX_BYTES, false),
             COARSE_BYTES
@@ -642,81 +548,18 @@ mod tests {
         assert_eq!(iterations(4096, None, true), (1, 20));
     }
 
-    fn row(backend: &str, n: usize, bytes: usize, us: f64) -> Row {
-        Row {
-            backend: backend.into(),
-            world_size: n,
-            op: Op::AllReduce,
-            dtype: "f32",
-            bytes,
-            count: bytes / 4,
-            seconds: us * 1e-6,
-            wrong: 0,
-        }
-    }
-
     #[test]
-    fn targets_from_rows() {
-        // 64 MiB in 10 ms: algbw 6.71 GB/s; at 2 ranks busbw = algbw.
-        let rows = vec![
-            row("ring", 2, 64 << 20, 10_000.0),
-            row("tree", 2, 64 << 20, 20_000.0),
-            row("ring", 4, 64 << 20, 10_000.0),
-            row("ring", 4, 4096, 40.0),
-            row("tree", 4, 4096, 30.0),
-            row("ring", 2, 4096, 5.0),
-            row("tree", 2, 4096, 6.0),
-            row("tree", 2, 65536, 1.0),
-            row("ring", 2, 65536, 2.0),
-        ];
-        let memcpy = 7.0;
-        let t = targets(&rows, memcpy);
-        let two = &t["all_reduce_64MiB_busbw_vs_memcpy_2_ranks"];
-        assert_eq!(two["best_backend"], "ring");
-        assert_eq!(two["measured"], 0.959);
-        assert_eq!(two["met"], true);
-        let four = &t["all_reduce_64MiB_busbw_vs_memcpy_4_ranks"];
-        assert_eq!(four["busbw_gbs"], 10.066);
-        assert_eq!(four["met"], true);
-        let tree = &t["tree_beats_ring_below_64KiB"];
-        assert_eq!(
-            (tree["sizes_met"].as_u64(), tree["sizes"].as_u64()),
-            (Some(1), Some(2))
-        );
-        assert_eq!(tree["met"], false);
-        let small = &t["all_reduce_4KiB_4_ranks_us"];
-        assert_eq!(small["best_backend"], "tree");
-        assert_eq!(small["measured"], 30.0);
-        assert_eq!(small["met"], true);
-        assert_eq!(small["by_backend"]["ring"], 40.0);
-
-        let none = targets(&[], memcpy);
-        assert_eq!(
-            none["all_reduce_64MiB_busbw_vs_memcpy_2_ranks"]["met"],
-            Value::Null
-        );
-        assert_eq!(none["tree_beats_ring_below_64KiB"]["met"], Value::Null);
-        assert_eq!(none["all_reduce_4KiB_4_ranks_us"]["met"], Value::Null);
-
-        let ratios = busbw_ratios(&rows, &["ring".into(), "tree".into()], &[2, 4, 8], memcpy);
-        assert_eq!(ratios["ring"]["2"], 0.959);
-        assert_eq!(ratios["tree"]["4"], Value::Null);
-
-        let report = json!({
-            "memcpy": {"bytes": 256 << 20, "gbs_1thread": [7.0, 7.0]},
-            "memcpy_gbs": memcpy,
-            "memcpy_gbs_2threads": 12.0,
-            "world_sizes": [2, 4, 8],
-            "busbw_vs_memcpy_64MiB": ratios,
-            "targets": t,
-        });
-        let text = summary(&report).join("\n");
-        assert!(
-            text.contains("1 thread 7.00 GB/s, 2 threads 12.00 GB/s"),
-            "{text}"
-        );
-        assert!(text.contains("best busbw / memcpy >= 0.90: 0.959 (ring, busbw 6.71 GB/s)  ok"));
-        assert!(text.contains("below 64 KiB: 1 of 2 sizes  MISSED"));
-        assert!(text.contains("< 50 us: 30.00 us (tree)  ok  [ring 40.00, tree 30.00]"));
+    fn copy_points_keep_every_repeat_and_the_better_kernel() {
+        let p = CopyPoint {
+            threads: 2,
+            bytes: 4096,
+            gbs: [vec![10.0, 12.0, 11.0], vec![13.0, 9.0, 14.0]],
+        };
+        let v = copy_json(&p);
+        assert_eq!(v["best_gbs"], 13.0);
+        assert_eq!(v["best_kernel"], "vector_loop");
+        assert_eq!(v["memcpy_gbs"], json!([10.0, 12.0, 11.0]));
+        assert_eq!(v["memcpy_gbs_median"], 11.0);
+        assert_eq!(v["vector_loop_gbs_median"], 13.0);
     }
 }
