@@ -7,8 +7,10 @@
 //! per repeat, with two kernels: `memcpy` (`copy_from_slice`) and a vector loop (an add of
 //! +0.0 per element inside [`vectorize`], which runs at the widest vector width the CPU
 //! has and which the compiler cannot turn into a `memcpy` call; the inputs hold no -0.0,
-//! so it copies exactly). A repeat's rate is the slowest thread's: bytes copied (counted
-//! once) over its time. The curve point is the better kernel's median.
+//! so it copies exactly). A repeat's rate is GB/s per thread: the bytes one thread copies
+//! (counted once) over the time from the first thread's start to the last one's end, as
+//! a collective's time is its slowest rank's. The curve point is the better kernel's
+//! median.
 //!
 //! No single copy rate is a ceiling for a collective: on a VM the rate moves with the
 //! working set (caches, page placement), and a collective can beat it. The benchmark
@@ -66,8 +68,8 @@ impl Kernel {
 pub struct CopyPoint {
     pub threads: usize,
     pub bytes: usize,
-    /// GB/s (1e9 bytes) per thread of each repeat (the slowest thread's), per kernel in
-    /// [`Kernel::ALL`] order.
+    /// GB/s (1e9 bytes) per thread of each repeat (bytes one thread copies over the span
+    /// of all threads' copies), per kernel in [`Kernel::ALL`] order.
     pub gbs: [Vec<f64>; 2],
 }
 
@@ -84,15 +86,17 @@ impl CopyPoint {
 }
 
 /// Measures one point: `threads` threads, each copying half of its own `bytes`-byte buffer
-/// into the other half, concurrently.
+/// into the other half, concurrently. A repeat lasts from the first thread's start to the
+/// last thread's end, so threads that wait for a core (more threads than cores) count as
+/// a rank that waits does.
 pub fn measure(bytes: usize, threads: usize, plan: CopyPlan) -> CopyPoint {
     let threads = threads.max(1);
     let half = (bytes / 8).max(1);
     let calls = plan.bytes_per_repeat.div_ceil(half * 4).max(1);
     let repeats = plan.repeats.max(1);
     let start = Barrier::new(threads);
-    // Per thread: per kernel, per repeat, seconds.
-    let per_thread: Vec<[Vec<f64>; 2]> = std::thread::scope(|s| {
+    // Per thread: per kernel, per repeat, when its copies started and ended.
+    let per_thread: Vec<[Vec<(Instant, Instant)>; 2]> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 let start = &start;
@@ -100,7 +104,7 @@ pub fn measure(bytes: usize, threads: usize, plan: CopyPlan) -> CopyPoint {
                     // Each thread owns and first-touches its buffer, as a rank does.
                     let mut buf: Vec<f32> = (0..2 * half).map(|i| (i % 1024) as f32).collect();
                     let (src, dst) = buf.split_at_mut(half);
-                    let mut secs: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+                    let mut spans: [Vec<(Instant, Instant)>; 2] = [Vec::new(), Vec::new()];
                     for (k, kernel) in Kernel::ALL.into_iter().enumerate() {
                         kernel.copy(dst, src); // warm-up: caches and the code path
                         for _ in 0..repeats {
@@ -109,11 +113,11 @@ pub fn measure(bytes: usize, threads: usize, plan: CopyPlan) -> CopyPoint {
                             for _ in 0..calls {
                                 kernel.copy(black_box(&mut *dst), black_box(&*src));
                             }
-                            secs[k].push(t.elapsed().as_secs_f64());
+                            spans[k].push((t, Instant::now()));
                         }
                     }
                     assert!(dst == src, "the copy kernels copy exactly");
-                    secs
+                    spans
                 })
             })
             .collect();
@@ -126,8 +130,12 @@ pub fn measure(bytes: usize, threads: usize, plan: CopyPlan) -> CopyPoint {
     let gbs = std::array::from_fn(|k| {
         (0..repeats)
             .map(|r| {
-                let slowest = per_thread.iter().map(|t| t[k][r]).fold(0.0, f64::max);
-                copied / slowest / 1e9
+                let first = per_thread.iter().map(|t| t[k][r].0).min();
+                let last = per_thread.iter().map(|t| t[k][r].1).max();
+                let span = first
+                    .zip(last)
+                    .map_or(0.0, |(a, b)| b.duration_since(a).as_secs_f64());
+                copied / span.max(1e-9) / 1e9
             })
             .collect()
     });

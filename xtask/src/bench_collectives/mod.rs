@@ -63,6 +63,8 @@ pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 pub const COARSE_BYTES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
 /// The default world sizes.
 pub const WORLD_SIZES: [usize; 3] = [2, 4, 8];
+/// The most timed iterations of a peer at one size.
+pub const PEER_MAX_ITERS: usize = 50;
 
 /// `cargo xtask bench-collectives` flags.
 #[derive(Debug, Parser)]
@@ -354,11 +356,14 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     let plans: Vec<SizePlan> = ar_sizes
         .iter()
         .map(|&bytes| {
+            // The peers' programs cannot predict a size's time from the previous one: the
+            // byte budget alone, and at most PEER_MAX_ITERS (gloo takes milliseconds per
+            // small all-reduce on shared cores).
             let (warmup, iters) = iterations(bytes, None, o.quick);
             SizePlan {
                 bytes,
-                warmup,
-                iters,
+                warmup: warmup.min(PEER_MAX_ITERS / 10),
+                iters: iters.min(PEER_MAX_ITERS),
             }
         })
         .collect();
@@ -416,8 +421,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                        collective, timed on every rank; the slowest rank's time; median over \
                        the timed iterations. The peers' programs (benches/peers/) do the same",
             "iterations": "about 512 MiB of messages and 0.75 s of timed iterations per size \
-                           (from the previous size's time; the peers: 512 MiB), 3 to 200, after \
-                           1 to 10 warm-up iterations",
+                           (from the previous size's time; the peers: 512 MiB and at most 50), \
+                           3 to 200, after 1 to 10 warm-up iterations",
             "check": "inputs are small integers (exact sums in any order); before every \
                       iteration inputs are rewritten and outputs set to NaN; after every \
                       iteration, warm-up included, #wrong counts the elements of every rank \
@@ -425,7 +430,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             "copy_curve": "per world size n and all-reduce size B: n threads at once, each \
                            copying the first half of its own B-byte buffer into the second \
                            half (re-used every call), memcpy and a vector loop; GB/s per \
-                           thread (bytes counted once) of the slowest thread per repeat, median \
+                           thread (bytes one thread copies, counted once, over the span from \
+                           the first thread's start to the last one's end), median \
                            of the repeats, the better kernel. algbw / copy above 1.0 is \
                            reported as above the measured copy rate, not as a target",
             "bytes_and_count": "as nccl-tests: bytes of the whole vector, per-rank count",
