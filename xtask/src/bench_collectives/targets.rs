@@ -329,7 +329,7 @@ pub fn summary(report: &Value) -> Vec<String> {
         l.push(format!("#   missing: {why}"));
     }
     l.push(
-        "#   (xN: mirra's time over the peer's, inverted: how many times faster mirra is)".into(),
+        "#   (xN: the peer's time over mirra's: how many times faster mirra is)".into(),
     );
 
     let t = &report["targets"];
