@@ -328,9 +328,7 @@ pub fn summary(report: &Value) -> Vec<String> {
     for why in reasons {
         l.push(format!("#   missing: {why}"));
     }
-    l.push(
-        "#   (xN: the peer's time over mirra's: how many times faster mirra is)".into(),
-    );
+    l.push("#   (xN: the peer's time over mirra's: how many times faster mirra is)".into());
 
     let t = &report["targets"];
     l.push("#".into());
