@@ -42,7 +42,7 @@ const COMMANDS: &[(&str, &str, bool)] = &[
     ),
     (
         "bench-collectives",
-        "nccl-tests table of the CPU collectives, memcpy limit -> target/bench/collectives.json",
+        "nccl-tests tables of the CPU collectives, copy curve, OpenMPI and gloo beside -> target/bench/collectives.json",
         true,
     ),
     (

@@ -11,7 +11,7 @@
 
 use serde_json::{json, Value};
 
-use crate::json::num;
+use crate::json::{num, opt};
 
 /// The collectives the benchmark times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -106,10 +106,16 @@ pub struct Row {
     pub count: usize,
     /// The median over timed iterations of the slowest rank's time, in seconds.
     pub seconds: f64,
-    /// Elements that differed from the closed-form result on the checked iteration,
-    /// summed over ranks.
+    /// Elements that differed from the closed-form result, summed over ranks and over
+    /// every iteration (each one is checked).
     pub wrong: u64,
+    /// The copy rate measured beside it (GB/s per thread, one thread per rank, each with
+    /// a rank's working set; see [`memcpy`](crate::memcpy)), for all-reduce rows.
+    pub copy_gbs: Option<f64>,
 }
+
+/// What a ratio of algbw to the measured copy rate above 1.0 means: not a limit passed.
+pub const ABOVE_COPY: &str = "above the measured copy rate";
 
 impl Row {
     /// `(algbw, busbw)` in GB/s.
@@ -117,9 +123,18 @@ impl Row {
         bandwidths(self.op, self.bytes, self.seconds, self.world_size)
     }
 
+    /// algbw over the copy rate measured beside it: 1.0 means the all-reduce took as long
+    /// as every rank copying its buffer once, at the same time.
+    pub fn over_copy(&self) -> Option<f64> {
+        self.copy_gbs
+            .filter(|c| *c > 0.0)
+            .map(|c| self.bandwidths().0 / c)
+    }
+
     /// The row as it lands in `collectives.json`.
     pub fn json(&self) -> Value {
         let (alg, bus) = self.bandwidths();
+        let over = self.over_copy();
         json!({
             "backend": self.backend,
             "world_size": self.world_size,
@@ -131,14 +146,18 @@ impl Row {
             "algbw_gbs": num(alg, 3),
             "busbw_gbs": num(bus, 3),
             "wrong": self.wrong,
+            "copy_gbs": opt(self.copy_gbs, 3),
+            "algbw_over_copy": opt(over, 3),
+            "vs_copy": over.map(|r| if r > 1.0 { ABOVE_COPY } else { "below the measured copy rate" }),
         })
     }
 
     /// The line as nccl-tests prints it.
     pub fn line(&self) -> String {
         let (alg, bus) = self.bandwidths();
+        let cell = |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{x:.2}"));
         format!(
-            "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7.2}  {:>7.2}  {:>6}",
+            "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7.2}  {:>7.2}  {:>6}  {:>7}  {:>7}{}",
             self.bytes,
             self.count,
             type_name(self.dtype),
@@ -147,7 +166,14 @@ impl Row {
             time_cell(self.seconds * 1e6),
             alg,
             bus,
-            self.wrong
+            self.wrong,
+            cell(self.copy_gbs),
+            cell(self.over_copy()),
+            if self.over_copy().is_some_and(|r| r > 1.0) {
+                "  (above copy)"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -185,8 +211,8 @@ pub fn header(op: Op, backend: &str, world_size: usize) -> String {
     };
     format!(
         "#\n# {} ({form}), backend {backend}, {world_size} ranks\n\
-         #{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}\n\
-         #{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}",
+         #{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}  {:>7}  {:>7}\n\
+         #{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>9}  {:>7}  {:>7}  {:>6}  {:>7}  {:>7}",
         op.name(),
         "size",
         "count",
@@ -197,6 +223,8 @@ pub fn header(op: Op, backend: &str, world_size: usize) -> String {
         "algbw",
         "busbw",
         "#wrong",
+        "copy",
+        "algbw/",
         "(B)",
         "(elements)",
         "",
@@ -206,6 +234,8 @@ pub fn header(op: Op, backend: &str, world_size: usize) -> String {
         "(GB/s)",
         "(GB/s)",
         "",
+        "(GB/s)",
+        "copy",
     )
 }
 
@@ -298,6 +328,7 @@ mod tests {
             count: 1024,
             seconds: 12.5e-6,
             wrong: 0,
+            copy_gbs: None,
         }
     }
 
@@ -310,13 +341,16 @@ mod tests {
             keys,
             [
                 "algbw_gbs",
+                "algbw_over_copy",
                 "backend",
                 "busbw_gbs",
                 "bytes",
+                "copy_gbs",
                 "count",
                 "dtype",
                 "op",
                 "time_us",
+                "vs_copy",
                 "world_size",
                 "wrong"
             ]
@@ -331,6 +365,23 @@ mod tests {
         assert_eq!(v["algbw_gbs"], 0.328);
         assert_eq!(v["busbw_gbs"], 0.492);
         assert_eq!(v["wrong"], 0);
+        assert_eq!(v["copy_gbs"], Value::Null);
+        assert_eq!(v["vs_copy"], Value::Null);
+        // 0.328 GB/s algbw beside a copy rate of 0.2 GB/s: above it, and said so.
+        let fast = Row {
+            copy_gbs: Some(0.2),
+            ..row()
+        };
+        let v = fast.json();
+        assert_eq!(v["algbw_over_copy"], 1.638);
+        assert_eq!(v["vs_copy"], ABOVE_COPY);
+        assert!(fast.line().ends_with("  (above copy)"), "{}", fast.line());
+        let slow = Row {
+            copy_gbs: Some(0.5),
+            ..row()
+        };
+        assert_eq!(slow.json()["vs_copy"], "below the measured copy rate");
+        assert!(slow.line().ends_with("0.50     0.66"), "{}", slow.line());
     }
 
     #[test]
@@ -339,7 +390,7 @@ mod tests {
         let line = r.line();
         assert_eq!(
             line,
-            "        4096          1024     float     sum      -1      12.50     0.33     0.49       0"
+            "        4096          1024     float     sum      -1      12.50     0.33     0.49       0        -        -"
         );
         let head = header(Op::AllReduce, "ring", 4);
         let lines: Vec<&str> = head.lines().collect();

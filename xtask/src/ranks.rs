@@ -3,14 +3,17 @@
 //! communicator and allocating the buffers of one size at a time.
 //!
 //! A job runs `warmup + iters` collectives on every rank. Before each one every rank
+//! writes its inputs afresh and poisons with NaN what the collective must overwrite, then
 //! passes the group's own barrier (spin-then-yield, so that the ranks leave it together;
 //! a parked barrier would add a wake-up of up to a millisecond here), then times the
-//! collective alone. The time of an iteration is the slowest rank's. Before the last
-//! iteration the inputs are written afresh and the outputs poisoned with NaN; after it
-//! every rank counts the elements that differ from the closed-form result (`#wrong`).
+//! collective alone. The time of an iteration is the slowest rank's. After every
+//! iteration, warm-up included, every rank counts the elements that differ from the
+//! closed-form result (`#wrong`), outside the timed region.
 //!
 //! The inputs are small integers whose sums over any number of ranks, in any order, are
-//! exact in f32 (as nccl-tests chooses its data), so the check is an equality.
+//! exact in f32 (as nccl-tests chooses its data), so the check is an equality. They repeat
+//! with a period of [`PERIOD`] elements, so writing and checking a buffer runs at copy
+//! speed from one period held in cache.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
@@ -21,8 +24,8 @@ use mirra_collectives::{cpu_group, CollectiveError, Communicator, Config, Reduce
 
 use crate::nccl::Op;
 
-/// The inputs repeat with this period (a power of two, so `%` is a mask).
-const PERIOD: usize = 1024;
+/// The inputs repeat with this period (a power of two).
+pub const PERIOD: usize = 1024;
 
 /// Rank `rank`'s input element `i`: a small positive integer.
 pub fn input(rank: usize, i: usize) -> f32 {
@@ -35,7 +38,34 @@ pub fn sum(n: usize, i: usize) -> f32 {
     (n * (i % PERIOD + 1) + n * n.saturating_sub(1) / 2) as f32
 }
 
-/// The poison written into outputs before the checked iteration.
+/// One period of `f`: element `j` is `f(j)`.
+fn period(f: impl Fn(usize) -> f32) -> Vec<f32> {
+    (0..PERIOD).map(f).collect()
+}
+
+/// `xs[i] = row[(offset + i) % PERIOD]`.
+fn fill_periodic(xs: &mut [f32], offset: usize, row: &[f32]) {
+    let shift = offset % PERIOD;
+    let (head, rest) = xs.split_at_mut((PERIOD - shift).min(xs.len()));
+    head.copy_from_slice(&row[shift..shift + head.len()]);
+    for part in rest.chunks_mut(PERIOD) {
+        part.copy_from_slice(&row[..part.len()]);
+    }
+}
+
+/// Elements with `xs[i] != row[(offset + i) % PERIOD]` (NaN differs from everything).
+fn wrong_periodic(xs: &[f32], offset: usize, row: &[f32]) -> u64 {
+    let shift = offset % PERIOD;
+    let (head, rest) = xs.split_at((PERIOD - shift).min(xs.len()));
+    let differ = |a: &[f32], b: &[f32]| a.iter().zip(b).filter(|(x, y)| x != y).count() as u64;
+    differ(head, &row[shift..])
+        + rest
+            .chunks(PERIOD)
+            .map(|part| differ(part, &row[..part.len()]))
+            .sum::<u64>()
+}
+
+/// The poison written into outputs before every iteration.
 const POISON: f32 = f32::NAN;
 
 /// What every rank runs for one row of the table.
@@ -54,7 +84,7 @@ pub struct Job {
 struct RankResult {
     /// Seconds of each timed iteration.
     samples: Vec<f64>,
-    /// Elements that differ from the expected result after the last iteration.
+    /// Elements that differed from the expected result, summed over every iteration.
     wrong: u64,
 }
 
@@ -63,8 +93,63 @@ struct RankResult {
 pub struct Outcome {
     /// Seconds of each timed iteration: the slowest rank's.
     pub seconds: Vec<f64>,
-    /// Wrong elements summed over ranks.
+    /// Wrong elements summed over ranks and iterations (warm-up included).
     pub wrong: u64,
+    /// Iterations checked on every rank (warm-up included).
+    pub checked: usize,
+}
+
+/// What rank `me` of `n` writes before an iteration of `op` and expects after it: one
+/// period of each, and which rank's input fills which block.
+struct Pattern {
+    op: Op,
+    me: usize,
+    count: usize,
+    /// One period of every rank's input, by rank.
+    inputs: Vec<Vec<f32>>,
+    /// One period of the all-ranks sum.
+    sums: Vec<f32>,
+}
+
+impl Pattern {
+    fn new(op: Op, me: usize, n: usize, count: usize) -> Pattern {
+        Pattern {
+            op,
+            me,
+            count,
+            inputs: (0..n).map(|r| period(|j| input(r, j))).collect(),
+            sums: period(|j| sum(n, j)),
+        }
+    }
+
+    /// Writes this rank's inputs and poisons what the collective must overwrite.
+    fn fill(&self, bufs: &mut Buffers) {
+        let mine = &self.inputs[self.me];
+        match self.op {
+            Op::AllReduce => fill_periodic(f32s(&mut bufs.recv), 0, mine),
+            Op::ReduceScatter | Op::AllGather => {
+                fill_periodic(f32s(&mut bufs.send), 0, mine);
+                f32s(&mut bufs.recv).fill(POISON);
+            }
+            Op::Broadcast if self.me == 0 => fill_periodic(f32s(&mut bufs.recv), 0, mine),
+            Op::Broadcast => f32s(&mut bufs.recv).fill(POISON),
+        }
+    }
+
+    /// Elements of the result `out` that differ from the closed form.
+    fn wrong(&self, out: &[f32]) -> u64 {
+        let count = self.count.max(1);
+        match self.op {
+            Op::AllReduce => wrong_periodic(out, 0, &self.sums),
+            Op::ReduceScatter => wrong_periodic(out, self.me * count, &self.sums),
+            Op::AllGather => out
+                .chunks(count)
+                .zip(&self.inputs)
+                .map(|(block, row)| wrong_periodic(block, 0, row))
+                .sum(),
+            Op::Broadcast => wrong_periodic(out, 0, &self.inputs[0]),
+        }
+    }
 }
 
 /// A rank's buffers for one job: `send` is empty for the in-place collectives.
@@ -92,19 +177,6 @@ impl Buffers {
         })
     }
 
-    /// Writes rank `me`'s inputs and poisons what the collective must overwrite.
-    fn fill(&mut self, op: Op, me: usize) {
-        match op {
-            Op::AllReduce => fill_with(f32s(&mut self.recv), |i| input(me, i)),
-            Op::ReduceScatter | Op::AllGather => {
-                fill_with(f32s(&mut self.send), |i| input(me, i));
-                f32s(&mut self.recv).fill(POISON);
-            }
-            Op::Broadcast if me == 0 => fill_with(f32s(&mut self.recv), |i| input(0, i)),
-            Op::Broadcast => f32s(&mut self.recv).fill(POISON),
-        }
-    }
-
     fn call(&mut self, op: Op, comm: &dyn Communicator) -> Result<(), CollectiveError> {
         match op {
             Op::AllReduce => comm.all_reduce(&mut self.recv, ReduceOp::Sum),
@@ -113,50 +185,25 @@ impl Buffers {
             Op::Broadcast => comm.broadcast(&mut self.recv, 0),
         }
     }
-
-    /// Elements of the result that differ from the closed form.
-    fn wrong(&mut self, op: Op, me: usize, n: usize, count: usize) -> u64 {
-        wrong(op, me, n, count, f32s(&mut self.recv))
-    }
-}
-
-fn fill_with(xs: &mut [f32], f: impl Fn(usize) -> f32) {
-    for (i, x) in xs.iter_mut().enumerate() {
-        *x = f(i);
-    }
 }
 
 /// Elements of rank `me`'s result `out` of `op` at `n` ranks (per-rank `count`) that differ
 /// from the closed-form expected values.
-pub fn wrong(op: Op, me: usize, n: usize, count: usize, out: &[f32]) -> u64 {
-    let count = count.max(1);
-    match op {
-        Op::AllReduce => count_wrong(out, |i| sum(n, i)),
-        Op::ReduceScatter => count_wrong(out, |j| sum(n, me * count + j)),
-        Op::AllGather => count_wrong(out, |k| input(k / count, k % count)),
-        Op::Broadcast => count_wrong(out, |i| input(0, i)),
-    }
-}
-
-/// Elements `x[i]` that differ from `want(i)` (NaN differs from everything).
-fn count_wrong(xs: &[f32], want: impl Fn(usize) -> f32) -> u64 {
-    xs.iter()
-        .enumerate()
-        .map(|(i, &x)| u64::from(x != want(i)))
-        .sum()
+#[cfg(test)]
+fn wrong(op: Op, me: usize, n: usize, count: usize, out: &[f32]) -> u64 {
+    Pattern::new(op, me, n, count).wrong(out)
 }
 
 /// Runs `job` on this rank.
 fn run_job(comm: &dyn Communicator, job: &Job) -> Result<RankResult, String> {
     let (me, n) = (comm.rank(), comm.world_size());
     let mut bufs = Buffers::new(job.op, job.count, n)?;
-    bufs.fill(job.op, me);
+    let pattern = Pattern::new(job.op, me, n, job.count);
     let total = job.warmup + job.iters.max(1);
     let mut samples = Vec::with_capacity(job.iters);
+    let mut wrong = 0;
     for it in 0..total {
-        if it + 1 == total && it > 0 {
-            bufs.fill(job.op, me);
-        }
+        pattern.fill(&mut bufs);
         comm.barrier().map_err(|e| format!("barrier: {e}"))?;
         let t = Instant::now();
         bufs.call(job.op, comm).map_err(|e| e.to_string())?;
@@ -164,8 +211,8 @@ fn run_job(comm: &dyn Communicator, job: &Job) -> Result<RankResult, String> {
         if it >= job.warmup {
             samples.push(dt);
         }
+        wrong += pattern.wrong(f32s(&mut bufs.recv));
     }
-    let wrong = bufs.wrong(job.op, me, n, job.count);
     Ok(RankResult { samples, wrong })
 }
 
@@ -237,7 +284,7 @@ impl Group {
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok(combine(&results))
+        Ok(combine(&results, job.warmup + job.iters.max(1)))
     }
 }
 
@@ -251,14 +298,15 @@ impl Drop for Group {
     }
 }
 
-/// Per iteration, the slowest rank's time; wrong elements summed.
-fn combine(results: &[RankResult]) -> Outcome {
+/// Per iteration, the slowest rank's time; wrong elements summed; `checked` iterations.
+fn combine(results: &[RankResult], checked: usize) -> Outcome {
     let iters = results.iter().map(|r| r.samples.len()).min().unwrap_or(0);
     Outcome {
         seconds: (0..iters)
             .map(|i| results.iter().map(|r| r.samples[i]).fold(0.0, f64::max))
             .collect(),
         wrong: results.iter().map(|r| r.wrong).sum(),
+        checked,
     }
 }
 
@@ -306,18 +354,160 @@ mod tests {
 
     #[test]
     fn combine_takes_the_slowest_rank_per_iteration() {
-        let out = combine(&[
-            RankResult {
-                samples: vec![1.0, 5.0, 2.0],
-                wrong: 1,
-            },
-            RankResult {
-                samples: vec![3.0, 4.0, 2.5],
-                wrong: 2,
-            },
-        ]);
+        let out = combine(
+            &[
+                RankResult {
+                    samples: vec![1.0, 5.0, 2.0],
+                    wrong: 1,
+                },
+                RankResult {
+                    samples: vec![3.0, 4.0, 2.5],
+                    wrong: 2,
+                },
+            ],
+            4,
+        );
         assert_eq!(out.seconds, vec![3.0, 5.0, 2.5]);
-        assert_eq!(out.wrong, 3);
+        assert_eq!((out.wrong, out.checked), (3, 4));
+    }
+
+    #[test]
+    fn periodic_fill_and_check_agree_with_the_closed_form() {
+        let row = period(|j| sum(3, j));
+        for (len, offset) in [(0, 0), (5, 0), (1500, 0), (1500, 1000), (3000, 2047)] {
+            let mut xs = vec![f32::NAN; len];
+            fill_periodic(&mut xs, offset, &row);
+            assert!(xs.iter().enumerate().all(|(i, &x)| x == sum(3, offset + i)));
+            assert_eq!(wrong_periodic(&xs, offset, &row), 0);
+            if len > 0 {
+                xs[len - 1] = f32::NAN;
+                xs[0] += 1.0;
+                assert_eq!(wrong_periodic(&xs, offset, &row), 2.min(len as u64));
+                // Checked against the wrong offset, (almost) everything differs.
+                assert!(wrong_periodic(&xs, offset + 1, &row) >= len as u64 - 1);
+            }
+        }
+    }
+
+    /// A communicator whose all-reduce result is off by one in one element on one call.
+    struct Faulty {
+        inner: Box<dyn Communicator>,
+        calls: std::cell::Cell<usize>,
+        bad_call: Option<usize>,
+    }
+
+    impl Communicator for Faulty {
+        fn rank(&self) -> usize {
+            self.inner.rank()
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn backend(&self) -> &'static str {
+            "faulty"
+        }
+        fn timeout(&self) -> Duration {
+            self.inner.timeout()
+        }
+        fn abort_handle(&self) -> mirra_collectives::AbortHandle {
+            self.inner.abort_handle()
+        }
+        fn start_all_reduce<'b>(
+            &'b self,
+            buf: &'b mut Buffer,
+            op: ReduceOp,
+        ) -> mirra_collectives::Result<mirra_collectives::Work<'b>> {
+            self.inner.start_all_reduce(buf, op)
+        }
+        fn all_reduce(&self, buf: &mut Buffer, op: ReduceOp) -> mirra_collectives::Result<()> {
+            self.inner.all_reduce(buf, op)?;
+            let call = self.calls.get();
+            self.calls.set(call + 1);
+            if Some(call) == self.bad_call {
+                f32s(buf)[7] += 1.0;
+            }
+            Ok(())
+        }
+        fn start_reduce_scatter<'b>(
+            &'b self,
+            send: &'b Buffer,
+            recv: &'b mut Buffer,
+            op: ReduceOp,
+        ) -> mirra_collectives::Result<mirra_collectives::Work<'b>> {
+            self.inner.start_reduce_scatter(send, recv, op)
+        }
+        fn start_all_gather<'b>(
+            &'b self,
+            send: &'b Buffer,
+            recv: &'b mut Buffer,
+        ) -> mirra_collectives::Result<mirra_collectives::Work<'b>> {
+            self.inner.start_all_gather(send, recv)
+        }
+        fn start_broadcast<'b>(
+            &'b self,
+            buf: &'b mut Buffer,
+            root: usize,
+        ) -> mirra_collectives::Result<mirra_collectives::Work<'b>> {
+            self.inner.start_broadcast(buf, root)
+        }
+        fn start_reduce<'b>(
+            &'b self,
+            buf: &'b mut Buffer,
+            op: ReduceOp,
+            root: usize,
+        ) -> mirra_collectives::Result<mirra_collectives::Work<'b>> {
+            self.inner.start_reduce(buf, op, root)
+        }
+        fn start_barrier(&self) -> mirra_collectives::Result<mirra_collectives::Work<'_>> {
+            self.inner.start_barrier()
+        }
+        fn submit_all_reduce(
+            &self,
+            buf: Buffer,
+            op: ReduceOp,
+        ) -> mirra_collectives::Result<mirra_collectives::Pending> {
+            self.inner.submit_all_reduce(buf, op)
+        }
+    }
+
+    /// Rank 1's result is wrong on one call only: the job counts it whichever iteration
+    /// it is, warm-up or timed, first or in the middle (checking only the last iteration
+    /// would miss all three).
+    #[test]
+    fn every_iteration_is_checked() {
+        for bad_call in [None, Some(0), Some(1), Some(2)] {
+            let comms = cpu_group("direct", 2, Config::default()).unwrap();
+            let job = Job {
+                op: Op::AllReduce,
+                count: 100,
+                warmup: 1,
+                iters: 3,
+            };
+            let wrong: u64 = std::thread::scope(|s| {
+                let handles: Vec<_> = comms
+                    .into_iter()
+                    .map(|inner| {
+                        s.spawn(move || {
+                            let rank = inner.rank();
+                            let comm = Faulty {
+                                inner,
+                                calls: std::cell::Cell::new(0),
+                                bad_call: bad_call.filter(|_| rank == 1),
+                            };
+                            let r = run_job(&comm, &job).unwrap();
+                            assert_eq!(r.samples.len(), 3);
+                            r.wrong
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            assert_eq!(
+                wrong,
+                u64::from(bad_call.is_some()),
+                "bad call {bad_call:?}"
+            );
+        }
     }
 
     #[test]
@@ -336,7 +526,7 @@ mod tests {
                         iters: 2,
                     })
                     .unwrap();
-                assert_eq!(out.seconds.len(), 2);
+                assert_eq!((out.seconds.len(), out.checked), (2, 3));
                 assert_eq!(out.wrong, 0, "{backend} {op:?}");
             }
         }

@@ -1,3 +1,6 @@
+//! The trait every backend implements ([`Communicator`]), the handle of a started
+//! collective ([`Work`]) and the handle that aborts a group ([`AbortHandle`]).
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -5,54 +8,10 @@ use std::time::Duration;
 
 use mirra_device::Buffer;
 
-use crate::{Pending, ReduceOp, Result};
-
-/// The collectives, as named in errors and benchmark tables.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Collective {
-    /// Every rank ends with the reduction of all ranks' buffers.
-    AllReduce,
-    /// Rank `r` ends with chunk `r` of the reduction.
-    ReduceScatter,
-    /// Every rank ends with all ranks' buffers, in rank order.
-    AllGather,
-    /// Every rank ends with the root's buffer.
-    Broadcast,
-    /// The root ends with the reduction of all ranks' buffers.
-    Reduce,
-    /// No rank leaves before every rank has arrived.
-    Barrier,
-}
-
-impl Collective {
-    /// Every collective.
-    pub const ALL: [Collective; 6] = [
-        Collective::AllReduce,
-        Collective::ReduceScatter,
-        Collective::AllGather,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::Barrier,
-    ];
-
-    /// The snake-case name (`all_reduce`, ...).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "all_reduce",
-            Collective::ReduceScatter => "reduce_scatter",
-            Collective::AllGather => "all_gather",
-            Collective::Broadcast => "broadcast",
-            Collective::Reduce => "reduce",
-            Collective::Barrier => "barrier",
-        }
-    }
-}
-
-impl fmt::Display for Collective {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::collective::Collective;
+use crate::error::Result;
+use crate::pending::Pending;
+use crate::reduce::ReduceOp;
 
 /// One rank's endpoint of a communicator group.
 ///

@@ -1,8 +1,10 @@
+//! A group's settings ([`Config`]) and the `MIRRA_*` variables they come from.
+
 use std::time::Duration;
 
 /// Default deadline of one collective (`MIRRA_COLLECTIVE_TIMEOUT_MS`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default pipelining unit of the ring and the tree (`MIRRA_SLICE_BYTES`).
+/// Default pipelining unit of every schedule (`MIRRA_SLICE_BYTES`).
 pub const DEFAULT_SLICE_BYTES: usize = 256 << 10;
 /// Default spin before a waiting rank starts yielding its core (`MIRRA_SPIN_US`): none
 /// beyond the first batch of 8 `spin_loop` hints (a fraction of a microsecond), which
@@ -35,9 +37,12 @@ pub struct Config {
     /// 60 s). A rank that waits longer fails with
     /// [`CollectiveError::Timeout`](crate::CollectiveError::Timeout) and aborts the group.
     pub timeout: Duration,
-    /// Pipelining unit in bytes (`MIRRA_SLICE_BYTES`, default 256 KiB, at least 512): the
-    /// ring and the tree hand data on in slices of this size so that large buffers stream
-    /// through the ranks, and every rank checks for an abort between slices.
+    /// Pipelining unit in bytes (`MIRRA_SLICE_BYTES`, default 256 KiB; the variable and
+    /// [`with_slice_bytes`](Config::with_slice_bytes) keep it at least 512): every schedule
+    /// hands data on in slices of this size (at least one element each) so that large
+    /// buffers stream through the ranks, and every rank checks for an abort between slices.
+    /// Set directly, the field takes any size; the conformance tests cut small buffers
+    /// into many slices that way.
     pub slice_bytes: usize,
     /// How long a waiting rank spins before it yields its core (`MIRRA_SPIN_US`).
     pub spin: Duration,

@@ -2,12 +2,18 @@
 //!
 //! - a gloo-style grid with closed-form answers: world sizes 1..=8 x lengths
 //!   {0, 1, 3, 4, 100, 1000, 10 000} x every dtype x every operator, for every collective
-//!   (broadcast and reduce from every root). Inputs are small integers (sums within
-//!   [-24, 24], products of ±1 and ±2), so every order of combination is exact and every
-//!   rank's result must equal the closed form bitwise;
+//!   (broadcast and reduce from every root), each world size and length in a group whose
+//!   slices cut every rank's chunk into at least 8 pipelined slices. Inputs are integers
+//!   mixed over ranks and indices (sums over 8 ranks within [-128, 128], products of ±1 and
+//!   ±2), so every order of combination is exact, every rank's result must equal the
+//!   closed form bitwise, and a schedule that reads the wrong rank, offset or slice
+//!   changes it;
+//! - the grid's power, shown: deliberate schedule bugs ([`crate::mutants`]: a mutated
+//!   slice offset, a source read twice) fail it on every backend, and pass the weaker grids
+//!   (one slice per buffer; the same inputs on every rank) that it replaces;
 //! - proptest against the naive sequential reference ([`crate::reference`]) with random
-//!   values: integers exactly, floats within a per-dtype tolerance, all ranks bitwise
-//!   equal;
+//!   values and slice sizes: integers exactly, floats within a per-dtype tolerance, all
+//!   ranks bitwise equal;
 //! - the failure model: argument mismatches, deadlines, ranks that leave or panic, abort.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,10 +23,12 @@ use std::time::{Duration, Instant};
 use mirra_device::{Buffer, DType, Device, Element};
 use proptest::prelude::*;
 
+use crate::mutants::{self, Mutant};
 use crate::reduce::{with_dtype, Reducible};
+use crate::transport::slicing;
 use crate::{
     cpu_group, reference, Collective, CollectiveError, Communicator, Config, ReduceOp, BACKENDS,
-    SUPPORTED_DTYPES,
+    DEFAULT_SLICE_BYTES, SUPPORTED_DTYPES,
 };
 
 type Comm = Box<dyn Communicator>;
@@ -62,22 +70,71 @@ fn buf<T: Element>(v: &[T]) -> Buffer {
 // ---------------------------------------------------------------------------------------
 // The closed-form grid.
 
-const WORLDS: std::ops::RangeInclusive<usize> = 1..=8;
+const WORLDS: [usize; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 const LENGTHS: [usize; 7] = [0, 1, 3, 4, 100, 1000, 10_000];
+/// The grid cuts every rank's chunk into at least this many slices (or one per element).
+const MIN_SLICES_PER_CHUNK: usize = 8;
 
-/// Input element `i` of rank `r`: small integers whose sums (and products, for Product)
-/// are exact in every dtype and every order.
-fn grid_value(dtype: DType, op: ReduceOp, r: usize, i: usize) -> i64 {
+/// Which inputs the grid gives the ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inputs {
+    /// Every rank its own values, mixed over ranks and indices: a schedule that reads the
+    /// wrong rank, the wrong offset or the same source twice changes the result.
+    PerRank,
+    /// Every rank rank 0's values (an ablation: what a weaker grid would test).
+    SameOnEveryRank,
+}
+
+/// How the grid's groups slice their buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slicing {
+    /// At least [`MIN_SLICES_PER_CHUNK`] slices per rank's chunk, for every dtype.
+    Many,
+    /// The default slice size, under which every grid buffer is one slice (an ablation).
+    OnePerBuffer,
+}
+
+/// A small number mixed from `r` and `i` (splitmix64 of both): neighbouring ranks and
+/// indices get unrelated values.
+fn mix(r: usize, i: usize) -> u64 {
+    let mut z = ((r as u64) << 40 ^ i as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Input element `i` of rank `r`: integers whose sums over up to 8 ranks stay within
+/// [-128, 128] (exact in bf16, f16, every partial sum, every order) and whose products are
+/// ±1, ±2 (powers of two: exact), different between ranks and indices.
+fn grid_value(dtype: DType, op: ReduceOp, inputs: Inputs, r: usize, i: usize) -> i64 {
+    let r = if inputs == Inputs::PerRank { r } else { 0 };
+    let h = mix(r, i);
     let v = if op == ReduceOp::Product {
-        [1, 2, -1, -2][(r + 3 * i) % 4]
+        [1, 2, -1, -2][(h % 4) as usize]
     } else {
-        ((r * 7 + i * 3) % 7) as i64 - 3
+        (h % 32) as i64 - 16
     };
     match (dtype, op) {
         (DType::U8, ReduceOp::Product) => v.abs(),
-        (DType::U8, _) => v + 3,
+        (DType::U8, _) => v + 16,
         _ => v,
     }
+}
+
+/// Slice bytes that cut a chunk of `len / n` elements into at least
+/// [`MIN_SLICES_PER_CHUNK`] slices (or one per element) for elements of 1 to 8 bytes.
+fn many_slices_bytes(n: usize, len: usize) -> usize {
+    (len / (n * MIN_SLICES_PER_CHUNK)).max(1)
+}
+
+fn grid_config(n: usize, len: usize, slicing: Slicing) -> Config {
+    let mut config = Config::default().with_timeout(Duration::from_secs(30));
+    // The field, not `with_slice_bytes`, which keeps slices of at least 512 bytes.
+    config.slice_bytes = match slicing {
+        Slicing::Many => many_slices_bytes(n, len),
+        Slicing::OnePerBuffer => DEFAULT_SLICE_BYTES,
+    };
+    config
 }
 
 fn conv<T: Reducible>(x: i64) -> T {
@@ -100,14 +157,10 @@ fn closed_form<T: Reducible>(op: ReduceOp, vals: impl Iterator<Item = i64> + Clo
     }
 }
 
-fn values<T: Reducible>(op: ReduceOp, r: usize, len: usize) -> Vec<T> {
+fn values<T: Reducible>(inputs: Inputs, op: ReduceOp, r: usize, len: usize) -> Vec<T> {
     (0..len)
-        .map(|i| conv(grid_value(T::DTYPE, op, r, i)))
+        .map(|i| conv(grid_value(T::DTYPE, op, inputs, r, i)))
         .collect()
-}
-
-fn input<T: Reducible>(op: ReduceOp, r: usize, len: usize) -> Buffer {
-    buf(&values::<T>(op, r, len))
 }
 
 fn same<T: Reducible>(what: &str, got: &Buffer, want: &[T]) -> Result<(), String> {
@@ -135,94 +188,90 @@ fn same<T: Reducible>(what: &str, got: &Buffer, want: &[T]) -> Result<(), String
 
 /// Which collectives a grid test covers (split so that the test harness runs them in
 /// parallel).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Part {
     AllReduce,
     ScatterGather,
     Rooted,
 }
 
-/// One rank's share of the grid for one dtype; every rank runs the same sequence.
-fn grid_rank<T: Reducible>(comm: &dyn Communicator, part: Part) -> Result<(), String> {
+const PARTS: [Part; 3] = [Part::AllReduce, Part::ScatterGather, Part::Rooted];
+
+/// One rank's share of the grid for one dtype and length; every rank runs the same
+/// sequence.
+fn grid_rank<T: Reducible>(
+    comm: &dyn Communicator,
+    part: Part,
+    inputs: Inputs,
+    len: usize,
+) -> Result<(), String> {
     let (n, r) = (comm.world_size(), comm.rank());
-    let ctx = |what: &str, len: usize, op: ReduceOp| {
+    let ctx = |what: &str, op: ReduceOp| {
         format!(
-            "{} n={n} rank={r} {what} len={len} {} {op}",
+            "{} n={n} rank={r} {what} len={len} {} {op} ({inputs:?} inputs)",
             comm.backend(),
             T::DTYPE
         )
     };
     let err = |what: String| move |e: CollectiveError| format!("{what}: {e}");
-    for len in LENGTHS {
-        if part == Part::AllReduce {
-            for op in ReduceOp::ALL {
-                let what = ctx("all_reduce", len, op);
-                let mut b = input::<T>(op, r, len);
-                comm.all_reduce(&mut b, op).map_err(err(what.clone()))?;
-                let want: Vec<T> = (0..len)
-                    .map(|i| closed_form(op, (0..n).map(|p| grid_value(T::DTYPE, op, p, i)), n))
-                    .collect();
-                same(&what, &b, &want)?;
-            }
+    let value = |op: ReduceOp, p: usize, i: usize| grid_value(T::DTYPE, op, inputs, p, i);
+    let input = |op: ReduceOp, p: usize, len: usize| buf(&values::<T>(inputs, op, p, len));
+    if part == Part::AllReduce {
+        for op in ReduceOp::ALL {
+            let what = ctx("all_reduce", op);
+            let mut b = input(op, r, len);
+            comm.all_reduce(&mut b, op).map_err(err(what.clone()))?;
+            let want: Vec<T> = (0..len)
+                .map(|i| closed_form(op, (0..n).map(|p| value(op, p, i)), n))
+                .collect();
+            same(&what, &b, &want)?;
         }
-        if part == Part::ScatterGather {
-            for op in ReduceOp::ALL {
-                let what = ctx("reduce_scatter", len, op);
-                let send = input::<T>(op, r, n * len);
-                let mut recv = input::<T>(op, r, len);
-                comm.reduce_scatter(&send, &mut recv, op)
-                    .map_err(err(what.clone()))?;
-                let want: Vec<T> = (0..len)
-                    .map(|i| {
-                        let vals = (0..n).map(|p| grid_value(T::DTYPE, op, p, r * len + i));
-                        closed_form(op, vals, n)
-                    })
-                    .collect();
-                same(&what, &recv, &want)?;
-            }
-            let what = ctx("all_gather", len, ReduceOp::Sum);
-            let send = input::<T>(ReduceOp::Sum, r, len);
-            let mut recv = input::<T>(ReduceOp::Sum, r + 1, n * len);
-            comm.all_gather(&send, &mut recv)
+    }
+    if part == Part::ScatterGather {
+        for op in ReduceOp::ALL {
+            let what = ctx("reduce_scatter", op);
+            let send = input(op, r, n * len);
+            let mut recv = input(op, r + 1, len);
+            comm.reduce_scatter(&send, &mut recv, op)
                 .map_err(err(what.clone()))?;
-            let want: Vec<T> = (0..n * len)
-                .map(|k| {
-                    conv(grid_value(
-                        T::DTYPE,
-                        ReduceOp::Sum,
-                        k / len.max(1),
-                        k % len.max(1),
-                    ))
-                })
+            let want: Vec<T> = (0..len)
+                .map(|i| closed_form(op, (0..n).map(|p| value(op, p, r * len + i)), n))
                 .collect();
             same(&what, &recv, &want)?;
-            let what = ctx("barrier", len, ReduceOp::Sum);
-            comm.barrier().map_err(err(what))?;
         }
-        if part == Part::Rooted {
-            for root in 0..n {
-                let what = ctx(&format!("broadcast root={root}"), len, ReduceOp::Sum);
-                let mut b = input::<T>(ReduceOp::Sum, r, len);
-                comm.broadcast(&mut b, root).map_err(err(what.clone()))?;
-                same(&what, &b, &values::<T>(ReduceOp::Sum, root, len))?;
-                for op in ReduceOp::ALL {
-                    let what = ctx(&format!("reduce root={root}"), len, op);
-                    let mut b = input::<T>(op, r, len);
-                    comm.reduce(&mut b, op, root).map_err(err(what.clone()))?;
-                    if r == root {
-                        let want: Vec<T> = (0..len)
-                            .map(|i| {
-                                closed_form(op, (0..n).map(|p| grid_value(T::DTYPE, op, p, i)), n)
-                            })
-                            .collect();
-                        same(&what, &b, &want)?;
-                    } else {
-                        same(
-                            &(what + " (non-root unchanged)"),
-                            &b,
-                            &values::<T>(op, r, len),
-                        )?;
-                    }
+        let what = ctx("all_gather", ReduceOp::Sum);
+        let send = input(ReduceOp::Sum, r, len);
+        let mut recv = input(ReduceOp::Sum, r + n, n * len);
+        comm.all_gather(&send, &mut recv)
+            .map_err(err(what.clone()))?;
+        let want: Vec<T> = (0..n * len)
+            .map(|k| conv(value(ReduceOp::Sum, k / len.max(1), k % len.max(1))))
+            .collect();
+        same(&what, &recv, &want)?;
+        let what = ctx("barrier", ReduceOp::Sum);
+        comm.barrier().map_err(err(what))?;
+    }
+    if part == Part::Rooted {
+        for root in 0..n {
+            let what = ctx(&format!("broadcast root={root}"), ReduceOp::Sum);
+            let mut b = input(ReduceOp::Sum, r, len);
+            comm.broadcast(&mut b, root).map_err(err(what.clone()))?;
+            same(&what, &b, &values::<T>(inputs, ReduceOp::Sum, root, len))?;
+            for op in ReduceOp::ALL {
+                let what = ctx(&format!("reduce root={root}"), op);
+                let mut b = input(op, r, len);
+                comm.reduce(&mut b, op, root).map_err(err(what.clone()))?;
+                if r == root {
+                    let want: Vec<T> = (0..len)
+                        .map(|i| closed_form(op, (0..n).map(|p| value(op, p, i)), n))
+                        .collect();
+                    same(&what, &b, &want)?;
+                } else {
+                    same(
+                        &(what + " (non-root unchanged)"),
+                        &b,
+                        &values::<T>(inputs, op, r, len),
+                    )?;
                 }
             }
         }
@@ -230,16 +279,110 @@ fn grid_rank<T: Reducible>(comm: &dyn Communicator, part: Part) -> Result<(), St
     Ok(())
 }
 
+/// One run of the grid: which inputs, slices, world sizes and lengths, and the schedule
+/// bug (if any) every rank runs with.
+struct GridRun<'a> {
+    inputs: Inputs,
+    slicing: Slicing,
+    worlds: &'a [usize],
+    lengths: &'a [usize],
+    mutant: Option<Mutant>,
+}
+
+const FULL_GRID: GridRun<'static> = GridRun {
+    inputs: Inputs::PerRank,
+    slicing: Slicing::Many,
+    worlds: &WORLDS,
+    lengths: &LENGTHS,
+    mutant: None,
+};
+
+/// Runs `part` of the grid on `backend`, one group per world size and length; the
+/// failures, each naming the collective, rank, length, dtype and operator.
+fn run_grid(backend: &str, part: Part, run: &GridRun<'_>) -> Vec<String> {
+    let mut failures = Vec::new();
+    for &n in run.worlds {
+        for &len in run.lengths {
+            let comms = cpu_group(backend, n, grid_config(n, len, run.slicing)).unwrap();
+            let results = on_ranks(comms, |comm| {
+                mutants::set(run.mutant);
+                for dtype in SUPPORTED_DTYPES {
+                    with_dtype!(dtype, T => grid_rank::<T>(&*comm, part, run.inputs, len)?);
+                }
+                Ok::<(), String>(())
+            });
+            failures.extend(results.into_iter().filter_map(Result::err));
+        }
+    }
+    failures
+}
+
 fn grid(backend: &str, part: Part) {
-    for n in WORLDS {
-        let results = on_ranks(group(backend, n), |comm| {
-            for dtype in SUPPORTED_DTYPES {
-                with_dtype!(dtype, T => grid_rank::<T>(&*comm, part)?);
-            }
-            Ok::<(), String>(())
-        });
-        let failures: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let failures = run_grid(backend, part, &FULL_GRID);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The grid catches each deliberate schedule bug, and the ablation shows which of its
+/// features does: a bug in slice boundaries passes a grid whose buffers are one slice
+/// each, a reduction that reads one source twice passes a grid whose ranks all hold the
+/// same values.
+fn grid_catches_broken_schedules(backend: &str) {
+    let (worlds, lengths) = ([3, 4], [100, 1000]);
+    let small = |inputs, slicing, mutant| GridRun {
+        inputs,
+        slicing,
+        worlds: &worlds,
+        lengths: &lengths,
+        mutant,
+    };
+    for (mutant, weaker) in [
+        (
+            Mutant::SliceOffset,
+            small(
+                Inputs::PerRank,
+                Slicing::OnePerBuffer,
+                Some(Mutant::SliceOffset),
+            ),
+        ),
+        (
+            Mutant::RepeatedSource,
+            small(
+                Inputs::SameOnEveryRank,
+                Slicing::Many,
+                Some(Mutant::RepeatedSource),
+            ),
+        ),
+    ] {
+        let caught: Vec<(Part, usize)> = PARTS
+            .iter()
+            .map(|&part| {
+                let run = small(Inputs::PerRank, Slicing::Many, Some(mutant));
+                (part, run_grid(backend, part, &run).len())
+            })
+            .collect();
+        // A slice bug hits every schedule; a repeated source every reduction of three or
+        // more buffers (the ring's all-reduce combines two at a time: its reduce-scatter
+        // and reduce, the shared schedules, do not).
+        for &(part, failures) in &caught {
+            let must = mutant == Mutant::SliceOffset
+                || part == Part::Rooted
+                || (part == Part::AllReduce && backend != "ring");
+            assert!(
+                !must || failures > 0,
+                "{backend}: {mutant:?} passes the {part:?} grid: {caught:?}"
+            );
+        }
+        for part in PARTS {
+            let missed = run_grid(backend, part, &weaker);
+            assert!(
+                missed.is_empty(),
+                "{backend}: the weaker grid ({:?} inputs, {:?} slices) was expected to miss \
+                 {mutant:?} in {part:?}, and caught it: {}",
+                weaker.inputs,
+                weaker.slicing,
+                missed.join("\n")
+            );
+        }
     }
 }
 
@@ -343,6 +486,7 @@ fn prop_case<T: Reducible>(
     op: ReduceOp,
     kind: Prop,
     seed: u64,
+    slice_bytes: usize,
 ) -> Result<(), String> {
     let mut rng = Rng(seed);
     let count = match kind {
@@ -359,7 +503,10 @@ fn prop_case<T: Reducible>(
     let refs: Vec<&Buffer> = inputs.iter().collect();
     let want = reference::all_reduce(&refs, op).map_err(|e| e.to_string())?;
     let slices: Vec<&[T]> = inputs.iter().map(|b| b.as_slice::<T>().unwrap()).collect();
-    let outs = on_ranks(group(backend, n), |comm| -> Result<Buffer, String> {
+    let mut config = Config::default().with_timeout(Duration::from_secs(30));
+    config.slice_bytes = slice_bytes;
+    let comms = cpu_group(backend, n, config).map_err(|e| e.to_string())?;
+    let outs = on_ranks(comms, |comm| -> Result<Buffer, String> {
         let r = comm.rank();
         match kind {
             Prop::AllReduce | Prop::Reduce(_) => {
@@ -382,7 +529,7 @@ fn prop_case<T: Reducible>(
     let outs: Vec<Buffer> = outs.into_iter().collect::<Result<_, _>>()?;
     let what = |r: usize| {
         format!(
-            "{backend} n={n} len={len} {} {op} {kind:?} rank {r}",
+            "{backend} n={n} len={len} {} {op} {kind:?} slice {slice_bytes} B rank {r}",
             T::DTYPE
         )
     };
@@ -417,7 +564,9 @@ fn prop_case<T: Reducible>(
     }
 }
 
-fn prop_strategy() -> impl Strategy<Value = (usize, usize, ReduceOp, DType, Prop, u64)> {
+type PropInput = (usize, usize, ReduceOp, DType, Prop, u64, usize);
+
+fn prop_strategy() -> impl Strategy<Value = PropInput> {
     let len = prop_oneof![
         6 => 0..=100usize,
         3 => 100..=5_000usize,
@@ -430,7 +579,12 @@ fn prop_strategy() -> impl Strategy<Value = (usize, usize, ReduceOp, DType, Prop
         1 => Just(Prop::ReduceScatter),
         1 => (0..8usize).prop_map(Prop::Reduce),
     ];
-    (1..=8usize, len, op, dtype, kind, any::<u64>())
+    // Mostly small slices, so that random buffers are pipelined in many of them.
+    let slice_bytes = prop_oneof![
+        1 => Just(DEFAULT_SLICE_BYTES),
+        3 => 64..=4096usize,
+    ];
+    (1..=8usize, len, op, dtype, kind, any::<u64>(), slice_bytes)
 }
 
 fn proptest_backend(backend: &'static str) {
@@ -439,8 +593,11 @@ fn proptest_backend(backend: &'static str) {
         failure_persistence: None,
         ..ProptestConfig::default()
     };
-    proptest!(config, |((n, len, op, dtype, kind, seed) in prop_strategy())| {
-        let res = with_dtype!(dtype, T => prop_case::<T>(backend, n, len, op, kind, seed));
+    proptest!(config, |((n, len, op, dtype, kind, seed, slice) in prop_strategy())| {
+        let res = with_dtype!(
+            dtype,
+            T => prop_case::<T>(backend, n, len, op, kind, seed, slice)
+        );
         prop_assert!(res.is_ok(), "{}", res.unwrap_err());
     });
 }
@@ -793,8 +950,9 @@ fn abort(backend: &str) {
     }
 }
 
-/// Abort while every rank streams large all-reduces: each rank stops within its current
-/// slice, waits for the others to leave its buffers and returns Aborted.
+/// Abort while every rank streams large all-reduces (4 MiB in 16 KiB slices, every completed
+/// one checked): each rank stops within its current slice, waits for the others to leave
+/// its buffers and returns Aborted.
 fn abort_mid_stream(backend: &str) {
     let comms = cpu_group(
         backend,
@@ -811,17 +969,23 @@ fn abort_mid_stream(backend: &str) {
             handle.abort();
         });
         on_ranks(comms, |c| {
-            let mut b = buf(&vec![1.0f32; 1 << 20]);
+            // Rank- and index-dependent values whose sums are exact: a completed all-reduce
+            // that read a wrong slice, a wrong rank or freed memory would not give them.
+            let len = 1 << 20;
+            let value = |r: usize, i: usize| ((r + 1) * (i % 5 + 1)) as f32;
+            let want: Vec<f32> = (0..len).map(|i| (10 * (i % 5 + 1)) as f32).collect();
+            let fresh = || buf(&(0..len).map(|i| value(c.rank(), i)).collect::<Vec<f32>>());
+            let mut b = fresh();
             let mut done = 0;
             loop {
-                match c.all_reduce(&mut b, ReduceOp::Max) {
+                match c.all_reduce(&mut b, ReduceOp::Sum) {
                     Ok(()) => done += 1,
                     Err(e) => return (done, e),
                 }
                 // A fresh buffer each time, freed right after: a peer still reading a freed
-                // buffer would read garbage (or fault), not the ones checked below.
-                assert!(b.as_slice::<f32>().unwrap().iter().all(|&x| x == 1.0));
-                b = buf(&vec![1.0f32; 1 << 20]);
+                // buffer would read garbage (or fault), not the sums checked here.
+                assert!(b.as_slice::<f32>().unwrap() == want, "iteration {done}");
+                b = fresh();
             }
         })
     });
@@ -948,6 +1112,42 @@ fn submitted_errors(backend: &str) {
 }
 
 #[test]
+fn the_grid_cuts_every_chunk_into_many_slices() {
+    for n in WORLDS {
+        for len in LENGTHS {
+            // The smallest range any schedule slices: a ring's or `direct`'s chunk.
+            let chunk = len.div_ceil(n);
+            for dtype in SUPPORTED_DTYPES {
+                let size = dtype.size_in_bytes();
+                let (slices, _) = slicing(chunk, many_slices_bytes(n, len), size);
+                assert!(
+                    slices >= MIN_SLICES_PER_CHUNK.min(chunk),
+                    "n={n} len={len} {dtype}: {slices} slices of a {chunk}-element chunk"
+                );
+                // The ablation's buffers (reduce-scatter's send is the longest: n x len) are
+                // one slice each.
+                let (one, _) = slicing(n * len, DEFAULT_SLICE_BYTES, size);
+                assert!(
+                    len > 1000 || one == 1,
+                    "n={n} len={len} {dtype}: {one} slices"
+                );
+            }
+        }
+    }
+    // And the inputs differ between ranks, within each operator's exact range.
+    for op in ReduceOp::ALL {
+        let a: Vec<i64> = (0..64)
+            .map(|i| grid_value(DType::I32, op, Inputs::PerRank, 0, i))
+            .collect();
+        let b: Vec<i64> = (0..64)
+            .map(|i| grid_value(DType::I32, op, Inputs::PerRank, 1, i))
+            .collect();
+        assert_ne!(a, b, "{op}");
+        assert!(a.iter().chain(&b).all(|v| (-16..16).contains(v)));
+    }
+}
+
+#[test]
 fn every_backend_runs_the_suite() {
     // Adding a backend to BACKENDS without adding it to `suite!` below fails here.
     assert_eq!(BACKENDS, &["ring", "tree", "reduce-to-one", "direct"]);
@@ -997,6 +1197,10 @@ macro_rules! suite {
             #[test]
             fn grid_broadcast_and_reduce_from_every_root() {
                 grid($backend, Part::Rooted);
+            }
+            #[test]
+            fn grid_catches_broken_schedules() {
+                super::grid_catches_broken_schedules($backend);
             }
             #[test]
             fn matches_the_reference() {

@@ -27,13 +27,15 @@ use std::time::{Duration, Instant};
 
 use mirra_device::{Buffer, Device};
 
-use crate::algo::{self, BACKENDS};
+use crate::algo::{self, Algorithm, BACKENDS};
+use crate::collective::Collective;
 use crate::comm::{AbortHandle, Communicator, Work};
+use crate::config::Config;
+use crate::error::{CollectiveError, Result};
 use crate::pending::Pending;
 use crate::progress::Progress;
-use crate::reduce::SUPPORTED_DTYPES;
+use crate::reduce::{ReduceOp, SUPPORTED_DTYPES};
 use crate::transport::{Cause, Ctx, Desc, Group, Stop, MAX_WORLD_SIZE};
-use crate::{Collective, CollectiveError, Config, ReduceOp, Result};
 
 /// Make a group of `world_size` communicators whose ranks are threads of this process,
 /// running the algorithm named `backend` (one of [`BACKENDS`]). Element `r` is rank `r`:
@@ -53,12 +55,13 @@ pub fn cpu_group(
             max: MAX_WORLD_SIZE,
         });
     }
-    let group = Arc::new(Group::new(world_size, config, algo));
+    let group = Arc::new(Group::new(world_size, config));
     Ok((0..world_size)
         .map(|rank| {
             Box::new(CpuCommunicator {
                 rank: Arc::new(Rank {
                     group: Arc::clone(&group),
+                    algo,
                     rank,
                     seq: AtomicU64::new(0),
                 }),
@@ -81,6 +84,8 @@ struct CpuCommunicator {
 /// idle, and only the caller's thread submits).
 struct Rank {
     group: Arc<Group>,
+    /// The schedules this group runs (the same for every rank).
+    algo: &'static dyn Algorithm,
     rank: usize,
     /// Sequence number of the last collective this rank started.
     seq: AtomicU64,
@@ -137,7 +142,7 @@ impl Rank {
         if let Err(stop) = g.wait_posted(me, seq, deadline) {
             return Err(self.fail(guard, kind, stop));
         }
-        if let Err(e) = verdict(g, seq, kind) {
+        if let Err(e) = verdict(g, seq, kind, self.algo.name()) {
             guard.disarm();
             return Err(e);
         }
@@ -149,7 +154,7 @@ impl Rank {
             return Err(self.fail(guard, kind, Stop::Aborted));
         }
         let ctx = Ctx::new(g, me, seq, deadline, desc);
-        let algo = g.algo;
+        let algo = self.algo;
         let res = match kind {
             Collective::AllReduce => algo.all_reduce(&ctx),
             Collective::ReduceScatter => algo.reduce_scatter(&ctx),
@@ -242,7 +247,7 @@ impl Communicator for CpuCommunicator {
         self.rank.group.world_size()
     }
     fn backend(&self) -> &'static str {
-        self.rank.group.algo.name()
+        self.rank.algo.name()
     }
     fn timeout(&self) -> Duration {
         self.rank.group.config.timeout
@@ -328,7 +333,7 @@ fn odd_one<V: PartialEq>(n: usize, get: impl Fn(usize) -> V) -> Option<(usize, u
 /// Check every rank's posted metadata for collective `seq`. Every rank runs the same
 /// checks on the same data in the same order, so all ranks reach the same verdict (only
 /// `op`, the caller's own collective, can differ between their errors).
-fn verdict(g: &Group, seq: u64, op: Collective) -> Result<()> {
+fn verdict(g: &Group, seq: u64, op: Collective, backend: &'static str) -> Result<()> {
     let n = g.world_size();
     let d = |p: usize| g.posted_desc(p, seq);
     if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).kind) {
@@ -344,7 +349,6 @@ fn verdict(g: &Group, seq: u64, op: Collective) -> Result<()> {
     if kind == Collective::Barrier {
         return Ok(());
     }
-    let backend = g.algo.name();
     for rank in 0..n {
         let x = d(rank);
         for dev in [x.dev_in, x.dev_out] {

@@ -1,8 +1,11 @@
+//! The crate's one error type, [`CollectiveError`], and its [`Result`].
+
 use std::time::Duration;
 
 use mirra_device::{DType, Device};
 
-use crate::{Collective, ReduceOp};
+use crate::collective::Collective;
+use crate::reduce::ReduceOp;
 
 /// Everything that can go wrong in a collective. Each variant names the collective (`op`),
 /// the rank at fault and the values involved, so that a log line from any rank says who
@@ -229,3 +232,6 @@ impl CollectiveError {
         )
     }
 }
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, CollectiveError>;

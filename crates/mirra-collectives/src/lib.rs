@@ -2,9 +2,11 @@
 //! strategy programs against, and backends chosen by name at run time.
 //!
 //! Today's backends run ranks as threads of one process and move host buffers through
-//! shared memory ([`cpu_group`]): `ring` (reduce-scatter then all-gather, pipelined in
-//! slices), `tree` (NCCL's double binary tree) and `reduce-to-one` (TensorFlow's
-//! `ReductionToOneDevice`). Every collective has a deadline, every rank ends with a
+//! shared memory ([`cpu_group`], names in [`BACKENDS`]): `ring` (reduce-scatter then
+//! all-gather, pipelined in slices), `tree` (NCCL's double binary tree), `reduce-to-one`
+//! (TensorFlow's `ReductionToOneDevice`) and `direct` (one pass: each rank reduces its
+//! chunk of every rank's buffer and writes the result into all of them, the least memory
+//! traffic an all-reduce can have). Every collective has a deadline, every rank ends with a
 //! bitwise identical result, and a rank that fails, leaves or is aborted makes the others'
 //! calls fail with an error naming it. `docs/COLLECTIVES.md` describes the transport, the
 //! schedules and their costs, the failure model, and how NCCL, a CUDA peer-to-peer ring and
@@ -32,30 +34,36 @@
 //! assert_eq!(results, vec![vec![1.0, 21.0], vec![1.0, 21.0]]);
 //! ```
 
+// The modules stand in layers; each uses only modules of the layers before it:
+// 1. collective, config, reduce, sync (and, in tests, mutants): no crate imports;
+// 2. error; 3. pending; 4. comm; 5. progress, transport; 6. algo (its own layers: see
+// algo/mod.rs); 7. cpu; 8. in tests, reference, then conformance.
 mod algo;
+mod collective;
 mod comm;
 mod config;
+#[cfg(test)]
+mod conformance;
 mod cpu;
 mod error;
+#[cfg(test)]
+mod mutants;
 mod pending;
 mod progress;
 mod reduce;
-pub mod reference;
+#[cfg(test)]
+mod reference;
+mod sync;
 mod transport;
 
-#[cfg(test)]
-mod conformance;
-
 pub use algo::BACKENDS;
-pub use comm::{AbortHandle, Collective, Communicator, Work};
+pub use collective::Collective;
+pub use comm::{AbortHandle, Communicator, Work};
 pub use config::{
     Config, DEFAULT_PARK_AFTER, DEFAULT_SLICE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, MIN_SLICE_BYTES,
 };
 pub use cpu::cpu_group;
-pub use error::CollectiveError;
+pub use error::{CollectiveError, Result};
 pub use pending::Pending;
 pub use reduce::{ReduceOp, SUPPORTED_DTYPES};
 pub use transport::MAX_WORLD_SIZE;
-
-/// Result type of this crate.
-pub type Result<T> = std::result::Result<T, CollectiveError>;

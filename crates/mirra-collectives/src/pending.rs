@@ -5,7 +5,8 @@ use std::fmt;
 
 use mirra_device::Buffer;
 
-use crate::{Collective, Result};
+use crate::collective::Collective;
+use crate::error::Result;
 
 /// How a backend completes a submitted collective.
 pub(crate) trait Completion: Send {

@@ -9,21 +9,17 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use mirra_device::Buffer;
 
+use crate::collective::Collective;
+use crate::error::{CollectiveError, Result};
 use crate::pending::{Completion, Pending};
-use crate::{Collective, CollectiveError, Result};
+use crate::sync::lock;
 
 type Job = Box<dyn FnOnce() -> Result<Buffer> + Send>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding these locks cannot leave their data half-updated (plain
-    // counters and queue moves), so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The queue shared by the rank's thread and its progress thread.
 #[derive(Default)]

@@ -71,7 +71,8 @@ pub const SUPPORTED_DTYPES: [DType; 7] = [
 pub(crate) trait Reducible: Element {
     /// The type arithmetic runs in.
     type Acc: Copy + Default;
-    /// Whether the type is a floating-point one.
+    /// Whether the type is a floating-point one (the test references fold floats in f64).
+    #[cfg(test)]
     const IS_FLOAT: bool;
     fn widen(self) -> Self::Acc;
     fn narrow(a: Self::Acc) -> Self;
@@ -87,6 +88,7 @@ macro_rules! float_reducible {
     ($($t:ty),*) => {$(
         impl Reducible for $t {
             type Acc = <$t as FloatElement>::Acc;
+            #[cfg(test)]
             const IS_FLOAT: bool = true;
             #[inline(always)]
             fn widen(self) -> Self::Acc {
@@ -125,6 +127,7 @@ macro_rules! int_reducible {
     ($($t:ty),*) => {$(
         impl Reducible for $t {
             type Acc = $t;
+            #[cfg(test)]
             const IS_FLOAT: bool = false;
             #[inline(always)]
             fn widen(self) -> $t {

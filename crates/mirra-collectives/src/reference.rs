@@ -1,5 +1,5 @@
-//! Naive sequential references of the collectives, for tests and for the correctness
-//! column of benchmarks: floats are combined in f64, in rank order, and rounded once to
+//! Naive sequential references of the collectives, for the conformance tests (test builds
+//! only): floats are combined in f64, in rank order, and rounded once to
 //! the element type; integers wrap in their own type (Mean: truncating division of the
 //! wrapped sum), exactly as the backends define them.
 //!
@@ -9,13 +9,15 @@
 
 use mirra_device::{Buffer, DType};
 
+use crate::collective::Collective;
+use crate::error::{CollectiveError, Result};
+use crate::reduce::ReduceOp;
 use crate::reduce::{with_dtype, Reducible};
-use crate::{Collective, CollectiveError, ReduceOp, Result};
 
 fn check(op: Collective, inputs: &[&Buffer]) -> Result<(DType, usize)> {
     let first = inputs.first().ok_or(CollectiveError::InvalidWorldSize {
         world_size: 0,
-        max: crate::MAX_WORLD_SIZE,
+        max: crate::transport::MAX_WORLD_SIZE,
     })?;
     for (rank, b) in inputs.iter().enumerate() {
         if b.dtype() != first.dtype() {

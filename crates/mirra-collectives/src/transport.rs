@@ -22,14 +22,17 @@
 //! or writes what they write, at the same time. Each algorithm argues that at each call.
 
 use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use mirra_device::{DType, Device};
 
-use crate::algo::Algorithm;
-use crate::reduce::{combine_op, with_dtype};
-use crate::{Collective, CollectiveError, Config, ReduceOp};
+use crate::collective::Collective;
+use crate::comm::Abortable;
+use crate::config::Config;
+use crate::error::CollectiveError;
+use crate::reduce::{combine_op, with_dtype, ReduceOp};
+use crate::sync::lock;
 
 /// The largest group the shared-memory transport supports (bounds the stack arrays of
 /// operands).
@@ -47,6 +50,16 @@ pub(crate) const LANES: usize = 4;
 const MAX_PARK: Duration = Duration::from_millis(50);
 /// Spins between two reads of the clock.
 const SPIN_BATCH: u32 = 8;
+
+/// Slicing of ranges of up to `max_len` elements of `elem_bytes` bytes into slices of about
+/// `slice_bytes`: `(slices, elements per slice)`, at least one element per slice, at most
+/// [`MAX_SLICES`] slices and at least one slice (possibly empty).
+pub(crate) fn slicing(max_len: usize, slice_bytes: usize, elem_bytes: usize) -> (usize, usize) {
+    let per = (slice_bytes / elem_bytes.max(1))
+        .max(1)
+        .max(max_len.div_ceil(MAX_SLICES));
+    (max_len.div_ceil(per).max(1), per)
+}
 
 /// Why a wait or a data phase stopped early.
 #[derive(Debug)]
@@ -240,16 +253,10 @@ pub(crate) struct Group {
     park_lock: Mutex<()>,
     park_cv: Condvar,
     pub(crate) config: Config,
-    pub(crate) algo: &'static dyn Algorithm,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The protected data stays consistent through a panic (plain assignments).
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Group {
-    pub(crate) fn new(n: usize, config: Config, algo: &'static dyn Algorithm) -> Group {
+    pub(crate) fn new(n: usize, config: Config) -> Group {
         Group {
             n,
             ranks: (0..n).map(|_| RankState::default()).collect(),
@@ -259,7 +266,6 @@ impl Group {
             park_lock: Mutex::new(()),
             park_cv: Condvar::new(),
             config,
-            algo,
         }
     }
 
@@ -470,7 +476,7 @@ enum WaitEnd {
     Deadline,
 }
 
-impl crate::comm::Abortable for Group {
+impl Abortable for Group {
     fn abort(&self) {
         self.abort_with(Cause::Aborted);
     }
@@ -556,11 +562,11 @@ impl<'g> Ctx<'g> {
     /// slices of about `config.slice_bytes` and at most [`MAX_SLICES`] of them (at least
     /// one, possibly empty).
     pub(crate) fn slicing(&self, max_len: usize) -> (usize, usize) {
-        let size = self.desc.dtype_out.size_in_bytes().max(1);
-        let per = (self.g.config.slice_bytes / size)
-            .max(1)
-            .max(max_len.div_ceil(MAX_SLICES));
-        (max_len.div_ceil(per).max(1), per)
+        slicing(
+            max_len,
+            self.g.config.slice_bytes,
+            self.desc.dtype_out.size_in_bytes(),
+        )
     }
 
     /// Fail fast if the group was aborted (between slices).
@@ -651,6 +657,10 @@ impl<'g> Ctx<'g> {
         let mut s = [std::ptr::null::<u8>(); MAX_WORLD_SIZE];
         for (slot, loc) in s.iter_mut().zip(srcs) {
             *slot = self.ptr(*loc, len).cast_const();
+        }
+        #[cfg(test)]
+        if k >= 2 && crate::mutants::active() == Some(crate::mutants::Mutant::RepeatedSource) {
+            s[k - 1] = s[0];
         }
         let (op, world) = (self.desc.op, self.g.n);
         with_dtype!(self.desc.dtype_out, T => {

@@ -8,7 +8,8 @@
 //!
 //! Progress (lane 0 of rank 0): unit `j + 1` means slices `0..=j` are final.
 
-use crate::algo::{slice, Algorithm};
+use crate::algo::algorithm::Algorithm;
+use crate::algo::slicing::slice;
 use crate::transport::{Ctx, Loc, Stop, MAX_WORLD_SIZE};
 
 /// The reduce-to-one backend.

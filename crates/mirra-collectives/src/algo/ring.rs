@@ -17,7 +17,8 @@
 //! Progress (lane 0): unit `step * slices + j + 1` means slices `0..=j` of global step
 //! `step` (reduce-scatter steps `0..n-1`, then all-gather steps) are done.
 
-use crate::algo::{chunk, slice, Algorithm};
+use crate::algo::algorithm::Algorithm;
+use crate::algo::slicing::{chunk, slice};
 use crate::transport::{Ctx, Loc, Stop};
 
 /// The ring backend.

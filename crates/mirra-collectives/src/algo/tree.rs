@@ -18,7 +18,8 @@
 //! in either tree (reduce first, then broadcast), so a root broadcasts a slice as soon as
 //! it has reduced it and the two phases pipeline.
 
-use crate::algo::{slice, Algorithm};
+use crate::algo::algorithm::Algorithm;
+use crate::algo::slicing::slice;
 use crate::transport::{Ctx, Loc, Stop};
 
 /// The double binary tree backend.
