@@ -36,8 +36,8 @@
 
 // The modules stand in layers; each uses only modules of the layers before it:
 // 1. collective, config, reduce, sync (and, in tests, mutants): no crate imports;
-// 2. error; 3. pending; 4. comm; 5. progress, transport; 6. algo (its own layers: see
-// algo/mod.rs); 7. cpu; 8. in tests, reference, then conformance.
+// 2. error; 3. pending; 4. comm; 5. noop, progress, transport; 6. algo (its own layers:
+// see algo/mod.rs); 7. cpu; 8. in tests, reference, then conformance.
 mod algo;
 mod collective;
 mod comm;
@@ -48,12 +48,12 @@ mod cpu;
 mod error;
 #[cfg(test)]
 mod mutants;
+mod noop;
 mod pending;
 mod progress;
 mod reduce;
 #[cfg(test)]
 mod reference;
-mod sync;
 mod transport;
 
 pub use algo::BACKENDS;
@@ -64,6 +64,7 @@ pub use config::{
 };
 pub use cpu::cpu_group;
 pub use error::{CollectiveError, Result};
+pub use noop::{noop_group, NOOP};
 pub use pending::Pending;
 pub use reduce::{ReduceOp, SUPPORTED_DTYPES};
 pub use transport::MAX_WORLD_SIZE;

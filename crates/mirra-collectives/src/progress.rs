@@ -17,7 +17,8 @@ use mirra_device::Buffer;
 use crate::collective::Collective;
 use crate::error::{CollectiveError, Result};
 use crate::pending::{Completion, Pending};
-use crate::sync::lock;
+use mirra_device::sync::{lock, panic_message};
+use mirra_device::trace;
 
 type Job = Box<dyn FnOnce() -> Result<Buffer> + Send>;
 
@@ -142,14 +143,12 @@ fn run(shared: &Shared, rank: usize) {
                 q = shared.changed.wait(q).unwrap_or_else(|e| e.into_inner());
             }
         };
+        let span = trace::span_with("comm", || format!("{op} (progress thread)").into());
         let result = catch_unwind(AssertUnwindSafe(job)).unwrap_or_else(|panic| {
-            let reason = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a collective panicked".into());
+            let reason = panic_message(panic.as_ref());
             Err(CollectiveError::ProgressThread { op, rank, reason })
         });
+        drop(span);
         slot.fill(result);
         lock(&shared.queue).in_flight -= 1;
         shared.changed.notify_all();

@@ -275,6 +275,8 @@ pub(crate) fn combine_op<T: Reducible>(
     world: usize,
 ) {
     let divide = (finalize && op == ReduceOp::Mean && world > 1).then_some(world);
+    // Sums of gradients near zero: subnormals flushed as everywhere else in mirra.
+    mirra_device::denormals::ensure_this_thread();
     match op {
         ReduceOp::Sum | ReduceOp::Mean => combine::<T, AddOp>(dst, accumulate, srcs, divide),
         ReduceOp::Product => combine::<T, MulOp>(dst, accumulate, srcs, divide),

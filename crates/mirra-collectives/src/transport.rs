@@ -32,7 +32,7 @@ use crate::comm::Abortable;
 use crate::config::Config;
 use crate::error::CollectiveError;
 use crate::reduce::{combine_op, with_dtype, ReduceOp};
-use crate::sync::lock;
+use mirra_device::sync::lock;
 
 /// The largest group the shared-memory transport supports (bounds the stack arrays of
 /// operands).

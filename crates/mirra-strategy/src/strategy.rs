@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mirra_collectives::{cpu_group, Config, ReduceOp, BACKENDS};
+use mirra_collectives::{cpu_group, noop_group, Config, ReduceOp, BACKENDS, NOOP};
 use mirra_device::Device;
 use mirra_nn::Sequential;
 use mirra_tensor::Tensor;
@@ -16,7 +16,9 @@ use crate::{Result, StrategyError};
 pub struct StrategyConfig {
     /// Replicas in sync (CPU: threads).
     pub replicas: usize,
-    /// The collective backend, by name (`ring`, `tree`, `reduce-to-one`, `direct`).
+    /// The collective backend, by name (`ring`, `tree`, `reduce-to-one`, `direct`; or
+    /// [`NOOP`](mirra_collectives::NOOP), the ablation that communicates nothing, for
+    /// measuring what communication costs: replicas then drift apart).
     pub collective: String,
     /// Gradient bucket size in bytes (DDP's `bucket_cap_mb`).
     pub bucket_bytes: usize,
@@ -127,7 +129,7 @@ impl MirroredStrategy {
         if config.replicas == 0 {
             return Err(StrategyError::NoReplicas(0));
         }
-        if !BACKENDS.contains(&config.collective.as_str()) {
+        if !BACKENDS.contains(&config.collective.as_str()) && config.collective != NOOP {
             // The collectives crate names the known backends in its error.
             cpu_group(&config.collective, 1, config.collectives.clone())?;
         }
@@ -136,11 +138,15 @@ impl MirroredStrategy {
                 "the gradient bucket size must be at least 1 byte".into(),
             ));
         }
-        let comms = cpu_group(
-            &config.collective,
-            config.replicas,
-            config.collectives.clone(),
-        )?;
+        let comms = if config.collective == NOOP {
+            noop_group(config.replicas)
+        } else {
+            cpu_group(
+                &config.collective,
+                config.replicas,
+                config.collectives.clone(),
+            )?
+        };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads_per_replica = config
             .threads_per_replica

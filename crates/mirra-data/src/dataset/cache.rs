@@ -7,7 +7,9 @@
 use std::sync::{Arc, Mutex};
 
 use super::element::{Elem, ElemIter};
-use super::{lock, Dataset};
+use mirra_device::sync::lock;
+
+use super::Dataset;
 use crate::Result;
 
 /// The cached elements of one `cache` node, shared by all clones of its dataset.

@@ -14,7 +14,7 @@ mod repeat;
 mod shuffle;
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use mirra_tensor::Tensor;
 
@@ -334,11 +334,6 @@ fn at_least_one(op: &'static str, what: &'static str, value: usize) -> Result<()
         return Err(DataError::ZeroArgument { op, what });
     }
     Ok(())
-}
-
-/// Mutex contents even after a panic elsewhere: the data here stays consistent.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

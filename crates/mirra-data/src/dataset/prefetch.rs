@@ -41,13 +41,7 @@ impl Prefetch {
     fn stop(&mut self) -> Option<String> {
         drop(self.rx.take());
         let payload = self.handle.take()?.join().err()?;
-        Some(
-            payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(no message)".into()),
-        )
+        Some(mirra_device::sync::panic_message(payload.as_ref()))
     }
 }
 
