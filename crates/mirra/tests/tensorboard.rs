@@ -97,5 +97,9 @@ fn an_unusable_logdir_fails_before_training_with_its_path() {
         err.starts_with("error: --logdir: cannot write ") && err.contains("a-file/tb"),
         "{err}"
     );
-    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

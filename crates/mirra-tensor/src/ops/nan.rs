@@ -50,6 +50,8 @@ impl Tensor {
     }
 }
 
+/// Inlined into [`vectorize`]'s dispatch, so that the block loop gets its vector width.
+#[inline(always)]
 fn first_non_finite<T: FloatElement>(data: &[T]) -> Option<(usize, f64)> {
     for (block, chunk) in data.chunks(SCAN_BLOCK).enumerate() {
         let any = chunk
