@@ -45,6 +45,7 @@ use mirra_tensor::{DType, Device, Tensor};
 use rand::SeedableRng;
 use safetensors::{Dtype, SafeTensors, View};
 
+use crate::console::one_line;
 use crate::fsutil::write_atomic;
 use crate::{History, Logs, Model, Result, TrainError};
 
@@ -183,9 +184,10 @@ impl Checkpoint {
     /// Read and check a checkpoint file (format, version, metadata); whether it fits a
     /// model is checked by [`Checkpoint::restore`].
     pub fn read(path: &Path) -> Result<Checkpoint> {
+        // Messages quote the file's strings: kept on one line whatever they hold.
         let bad = |msg: String| TrainError::Checkpoint {
             path: path.to_path_buf(),
-            msg,
+            msg: one_line(&msg),
         };
         let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
         let mut checkpoint = Checkpoint::from_bytes(&bytes).map_err(bad)?;
@@ -204,7 +206,7 @@ impl Checkpoint {
     pub fn restore(&self, model: &mut Model) -> Result<()> {
         let bad = |msg: String| TrainError::Checkpoint {
             path: self.source.clone(),
-            msg,
+            msg: one_line(&msg),
         };
         if model.optimizer().name() != self.optimizer {
             return Err(bad(format!(

@@ -83,6 +83,20 @@ pub fn stdout_closed() -> bool {
     STDOUT.closed.load(Ordering::Relaxed)
 }
 
+/// `text` with its control characters (newlines, escapes, NUL) escaped as Rust writes
+/// them (`\n`, `\u{1b}`): a message quoting a string from a file stays one line and
+/// cannot drive the terminal.
+pub fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c.is_control() {
+            true => out.extend(c.escape_default()),
+            false => out.push(c),
+        }
+    }
+    out
+}
+
 /// Print `line` and a newline to standard error, ignoring failure (there is nowhere
 /// left to report it).
 pub fn warn(line: &str) {
@@ -94,6 +108,14 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+
+    #[test]
+    fn one_line_escapes_control_characters_only() {
+        assert_eq!(
+            one_line("format `a\nb\u{1b}[2J` isn't \"ok\"\t"),
+            "format `a\\nb\\u{1b}[2J` isn't \"ok\"\\t"
+        );
+    }
 
     #[test]
     fn a_broken_pipe_is_remembered_and_other_failures_are_not() {

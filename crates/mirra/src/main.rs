@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use mirra::train::console::warn;
+use mirra::train::console::{one_line, warn};
 
 mod outputs;
 mod resume;
@@ -180,12 +180,13 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // One line, whatever the strings the message quotes hold.
         Err(Failure::Usage(msg)) => {
-            warn(&format!("error: {msg}"));
+            warn(&format!("error: {}", one_line(&msg)));
             ExitCode::from(2)
         }
         Err(Failure::Run(msg)) => {
-            warn(&format!("error: {msg}"));
+            warn(&format!("error: {}", one_line(&msg)));
             ExitCode::from(1)
         }
     }

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mirra::train::console::print_line;
+use mirra::train::console::{one_line, print_line};
 use mirra::train::{Callback, Checkpoint, Model, ModelCheckpoint, TrainError};
 
 use crate::{Failure, TrainArgs};
@@ -48,10 +48,10 @@ struct Setting {
     on_change: OnChange,
 }
 
-/// The run configuration of `args`: what a checkpoint records and a resumed run checks.
-/// Precision and determinism have no flag yet: recorded now, a run that changes them the
-/// day they arrive is refused.
-fn run_config(args: &TrainArgs) -> Vec<Setting> {
+/// The run configuration of `args` training `model`: what a checkpoint records and a
+/// resumed run checks. Precision and determinism have no flag yet: recorded now, a run
+/// that changes them the day they arrive is refused.
+fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
     let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
     let data = match &args.data {
         Some(dir) => std::fs::canonicalize(dir)
@@ -73,7 +73,7 @@ fn run_config(args: &TrainArgs) -> Vec<Setting> {
         setting(
             "optimizer",
             "optimizer",
-            crate::train_cmd::OPTIMIZER.into(),
+            model.optimizer().name().into(),
             Refuse,
         ),
         setting("lr", "--lr", args.lr.to_string(), Refuse),
@@ -137,12 +137,11 @@ pub fn setup(
         }
         (0, None)
     };
+    let config = run_config(args, model);
     let checkpoint = |name: &str| -> Result<ModelCheckpoint, Failure> {
         let c = ModelCheckpoint::new(literal(dir.join(name))).map_err(usage)?;
         let c = c.data_seed(args.seed);
-        Ok(run_config(args)
-            .into_iter()
-            .fold(c, |c, s| c.metadata(s.key, s.value)))
+        Ok(config.iter().fold(c, |c, s| c.metadata(s.key, &s.value)))
     };
     let mut best_checkpoint = checkpoint(BEST)?.monitor(BEST_MONITOR).save_best_only(true);
     if let Some(value) = best {
@@ -171,7 +170,7 @@ fn resume(
         return Ok((0, None));
     }
     let checkpoint = Checkpoint::read(&path).map_err(usage)?;
-    check_settings(args, &checkpoint)?;
+    check_settings(args, model, &checkpoint)?;
     let meta = &checkpoint.meta;
     // The data restarts exactly only at an epoch boundary.
     if meta.data.batch != 0 || meta.data.epoch != meta.epoch as u64 {
@@ -213,9 +212,9 @@ fn resume(
 
 /// An error unless the checkpoint was written with this run's settings that decide its
 /// results; the others that changed are said.
-fn check_settings(args: &TrainArgs, checkpoint: &Checkpoint) -> Result<(), Failure> {
+fn check_settings(args: &TrainArgs, model: &Model, checkpoint: &Checkpoint) -> Result<(), Failure> {
     let path = checkpoint.source().display();
-    for setting in run_config(args) {
+    for setting in run_config(args, model) {
         let (label, ours) = (setting.label, &setting.value);
         let theirs = checkpoint.meta.extra.get(setting.key);
         match (theirs, setting.on_change) {
@@ -234,10 +233,10 @@ fn check_settings(args: &TrainArgs, checkpoint: &Checkpoint) -> Result<(), Failu
                 )))
             }
             (Some(theirs), OnChange::Allow) => {
-                print_line(&format!(
+                print_line(&one_line(&format!(
                     "Resuming with {label} {ours} (the checkpoint was written with {label} \
                      {theirs})"
-                ));
+                )));
             }
             (None, OnChange::Allow) => {}
         }

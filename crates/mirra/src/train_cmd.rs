@@ -5,7 +5,7 @@ use mirra::nn::loss::SparseCategoricalCrossentropy;
 use std::sync::Arc;
 
 use mirra::nn::{Accuracy, Metric};
-use mirra::optim::{scale_lr, Adam, Optimizer};
+use mirra::optim::{scale_lr, Adam};
 use mirra::strategy::{MirroredStrategy, StrategyConfig};
 use mirra::train::console::{print_line, stdout_closed, warn};
 use mirra::train::{Callback, FitConfig, HistoryFile, Model, ProgbarLogger};
@@ -16,8 +16,6 @@ use crate::{Failure, TrainArgs};
 const SHUFFLE_BUFFER: usize = 60_000;
 /// Batches prepared ahead of the training step on a background thread.
 const PREFETCH: usize = 2;
-/// The optimizer's name (as [`Optimizer::name`] gives it), recorded in checkpoints.
-pub const OPTIMIZER: &str = "adam";
 
 pub fn run(args: TrainArgs) -> Result<(), Failure> {
     let run_err = |e: &dyn std::fmt::Display| Failure::Run(e.to_string());
@@ -62,10 +60,13 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     let mnist = Mnist::load(&dir).map_err(|e| Failure::Usage(e.to_string()))?;
     let (train_n, val_n) = (mnist.train.len(), mnist.validation.len());
     if train_n == 0 || val_n == 0 {
+        let source = match &args.data {
+            Some(dir) => format!("--data {}", dir.display()),
+            None => "the bundled data".into(),
+        };
         return Err(Failure::Usage(format!(
-            "data directory '{}' holds {train_n} training and {val_n} validation examples: \
-             training needs at least one of each",
-            dir.display()
+            "{source} holds {train_n} training and {val_n} validation examples: training \
+             needs at least one of each"
         )));
     }
     let train = Dataset::from_tensor_slices(vec![mnist.train.images, mnist.train.labels])
@@ -115,7 +116,6 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         args.seed,
     ));
     let optimizer = Box::new(Adam::new(lr));
-    debug_assert_eq!(optimizer.name(), OPTIMIZER);
     let loss = Box::new(SparseCategoricalCrossentropy::default());
     let metrics: Vec<Box<dyn Metric>> = vec![Box::new(Accuracy::new())];
     let mut model = match strategy {
