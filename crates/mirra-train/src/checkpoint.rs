@@ -906,6 +906,8 @@ mod tests {
             ("text", b"epoch,loss\n0,1\n".to_vec(), "not a complete safetensors file"),
             ("foreign", foreign, "not a mirra checkpoint (its metadata has no"),
             ("gguf", with_meta(&set("format", "gguf")), "of format `gguf`"),
+            // A string of the file with a newline stays on the error's one line.
+            ("newline", with_meta(&set("format", "a\nb")), "of format `a\\nb`"),
             ("v3", with_meta(&set("format_version", "3")), "format version 3"),
             ("v1", with_meta(&set("format_version", "1")), "format version 1"),
             ("epoch", with_meta(&set("epoch", "x")), "`epoch` = `x` is not a whole number"),
