@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::console::{print_line, Printed};
 use crate::{Logs, Model, Result};
 
 /// What a callback learns when training starts.
@@ -67,6 +68,11 @@ pub trait Callback: Send {
 /// A progress bar per epoch with the running loss and metrics (on a terminal), then one
 /// line per epoch in Keras's style:
 /// `Epoch 3/5 - 0.41s - loss: 0.2113 - accuracy: 0.9392 - val_loss: ... - 19500 samples/s`.
+///
+/// The lines go to standard output through [`print_line`](crate::console::print_line): a
+/// failure to write them does not stop training, but a closed pipe (the reader of
+/// `mirra train | head -1` is gone) stops it after the epoch whose line could not be
+/// shown, once every callback has seen the epoch's end (so its checkpoints are saved).
 #[derive(Debug, Default)]
 pub struct ProgbarLogger {
     info: TrainInfo,
@@ -155,11 +161,15 @@ impl Callback for ProgbarLogger {
             self.info.epochs,
             format_logs(logs)
         );
-        if !self.quiet {
-            println!("{line}");
-        }
+        let printed = match self.quiet {
+            true => Printed::Shown,
+            false => print_line(&line),
+        };
         self.lines.push(line);
-        Ok(Control::Continue)
+        Ok(match printed {
+            Printed::Closed => Control::Stop,
+            Printed::Shown | Printed::Failed => Control::Continue,
+        })
     }
 }
 

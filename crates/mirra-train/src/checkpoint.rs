@@ -1,7 +1,8 @@
 //! Checkpoints: everything a killed run needs to go on exactly where it stood, in one
-//! [safetensors](https://huggingface.co/docs/safetensors) file written atomically.
+//! [safetensors](https://huggingface.co/docs/safetensors) file written atomically and
+//! protected by checksums.
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //!
 //! | tensor | content |
 //! |---|---|
@@ -13,7 +14,7 @@
 //! | key | value |
 //! |---|---|
 //! | `format` | `mirra-checkpoint` (what tells a checkpoint from any safetensors file) |
-//! | `format_version` | `1` |
+//! | `format_version` | `2` |
 //! | `epoch` | epochs completed ([`CheckpointMeta::epoch`]) |
 //! | `step` | optimizer updates applied so far |
 //! | `optimizer` | the optimizer's name (`adam`, ...) |
@@ -21,14 +22,18 @@
 //! | `rng_seed`, `rng_stream`, `rng_word_pos` | the dropout generator (ChaCha8: 64 hex digits, decimal, decimal) |
 //! | `data_seed` (when known), `data_epoch`, `data_batch` | where the input pipeline resumes ([`DataPosition`]) |
 //! | `logs.<name>` | the epoch's logs (`logs.val_loss`, ...) |
-//! | `extra.<key>` | the caller's own entries ([`CheckpointMeta::extra`]) |
+//! | `history_epochs`, `history.<i>.<name>` | the model's [`History`] ([`Model::history`]): the epochs' numbers, and the values of its `i`-th metric, comma-separated |
+//! | `extra.<key>` | the caller's own entries ([`CheckpointMeta::extra`]; the command line records its run configuration there) |
+//! | `crc32c.<tensor>` | the CRC-32C of each tensor's bytes (8 hex digits) |
+//! | `state_crc32c` | the CRC-32C of every other metadata entry and of every tensor's name, dtype and shape |
 //!
 //! Numbers are decimal text; floats are written in Rust's shortest form that reads back
 //! bit for bit. Tensors are little-endian, as safetensors requires (mirra runs on
 //! little-endian hosts). Reading checks everything before the model changes: a file that
-//! is truncated, not safetensors, not a checkpoint, of another version, or does not fit
-//! the model (weight names, shapes, dtypes, the optimizer) is one
-//! [`TrainError::Checkpoint`] naming the file and the problem.
+//! is truncated, not safetensors, not a checkpoint, of another version, fails a checksum
+//! (flipped bytes in a tensor name the tensor), or does not fit the model (weight names,
+//! shapes, dtypes, the optimizer) is one [`TrainError::Checkpoint`] naming the file and
+//! the problem.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -40,19 +45,28 @@ use mirra_tensor::{DType, Device, Tensor};
 use rand::SeedableRng;
 use safetensors::{Dtype, SafeTensors, View};
 
+use crate::console::one_line;
 use crate::fsutil::write_atomic;
-use crate::{Logs, Model, Result, TrainError};
+use crate::{History, Logs, Model, Result, TrainError};
 
 /// The value of the `format` metadata entry of every checkpoint.
 pub const CHECKPOINT_FORMAT: &str = "mirra-checkpoint";
 /// The format version this build writes and reads.
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const CHECKPOINT_VERSION: u32 = 2;
 /// Prefix of the optimizer's state tensors.
 const OPTIMIZER_PREFIX: &str = "optimizer/";
 /// Prefix of the logs' metadata entries.
 const LOGS_PREFIX: &str = "logs.";
 /// Prefix of the caller's metadata entries.
 const EXTRA_PREFIX: &str = "extra.";
+/// Prefix of the History's metric entries.
+const HISTORY_PREFIX: &str = "history.";
+/// The History's epoch numbers.
+const HISTORY_EPOCHS: &str = "history_epochs";
+/// Prefix of the tensors' checksums.
+const CHECKSUM_PREFIX: &str = "crc32c.";
+/// The checksum of the metadata and the tensors' names, dtypes and shapes.
+const STATE_CHECKSUM: &str = "state_crc32c";
 
 /// Where a ChaCha8 generator stands: seed, stream and word position reconstruct it exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +144,8 @@ pub struct Checkpoint {
     /// The optimizer's state by name, without the `optimizer/` prefix, in the order of
     /// [`Model::optimizer_state`].
     pub optimizer_state: Vec<(String, Tensor)>,
+    /// The epochs trained so far ([`Model::history`]).
+    pub history: History,
     /// The file it was read from (for error messages).
     source: PathBuf,
 }
@@ -146,6 +162,7 @@ impl Checkpoint {
             rng: model.rng_state(),
             weights: model.get_weights(),
             optimizer_state: model.optimizer_state(),
+            history: model.history().clone(),
             source: PathBuf::from("(in memory)"),
         }
     }
@@ -167,9 +184,10 @@ impl Checkpoint {
     /// Read and check a checkpoint file (format, version, metadata); whether it fits a
     /// model is checked by [`Checkpoint::restore`].
     pub fn read(path: &Path) -> Result<Checkpoint> {
+        // Messages quote the file's strings: kept on one line whatever they hold.
         let bad = |msg: String| TrainError::Checkpoint {
             path: path.to_path_buf(),
-            msg,
+            msg: one_line(&msg),
         };
         let bytes = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
         let mut checkpoint = Checkpoint::from_bytes(&bytes).map_err(bad)?;
@@ -177,8 +195,8 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
-    /// Put this checkpoint into `model`: weights, optimizer state, generator and learning
-    /// rate. Everything is checked first (the optimizer's name, every weight's name, shape
+    /// Put this checkpoint into `model`: weights, optimizer state, generator, learning
+    /// rate and History. Everything is checked first (the optimizer's name, every weight's name, shape
     /// and dtype, the optimizer state's slots), so on error the model is unchanged.
     ///
     /// The learning rate is set only when the model's optimizer, with the restored
@@ -188,7 +206,7 @@ impl Checkpoint {
     pub fn restore(&self, model: &mut Model) -> Result<()> {
         let bad = |msg: String| TrainError::Checkpoint {
             path: self.source.clone(),
-            msg,
+            msg: one_line(&msg),
         };
         if model.optimizer().name() != self.optimizer {
             return Err(bad(format!(
@@ -204,6 +222,7 @@ impl Checkpoint {
         // Cannot fail after the checks above; reported all the same.
         model.set_weights(weights).map_err(|e| bad(e.to_string()))?;
         model.set_rng_state(&self.rng);
+        model.set_history(self.history.clone());
         if model.learning_rate().to_bits() != self.learning_rate.to_bits() {
             model.set_learning_rate(self.learning_rate);
         }
@@ -278,6 +297,19 @@ impl Checkpoint {
         for (key, value) in &meta.extra {
             put(&format!("{EXTRA_PREFIX}{key}"), value.clone());
         }
+        let joined =
+            |values: &mut dyn Iterator<Item = String>| values.collect::<Vec<_>>().join(",");
+        let history = &self.history;
+        put(
+            HISTORY_EPOCHS,
+            joined(&mut history.epochs.iter().map(usize::to_string)),
+        );
+        for (i, (name, values)) in history.history.iter().enumerate() {
+            put(
+                &format!("{HISTORY_PREFIX}{i}.{name}"),
+                joined(&mut values.iter().map(f64::to_string)),
+            );
+        }
         m
     }
 
@@ -335,6 +367,7 @@ impl Checkpoint {
             ));
         }
         let data = SafeTensors::deserialize(bytes).map_err(|e| format!("{e}"))?;
+        verify_checksums(meta.0, &data)?;
         let mut weights = vec![];
         let mut optimizer_state = vec![];
         for (name, view) in data.iter() {
@@ -349,6 +382,11 @@ impl Checkpoint {
         optimizer_state.sort_by_cached_key(|(key, _)| state_order(key));
         let mut logs = Logs::new();
         let mut extra = BTreeMap::new();
+        let mut history = History {
+            epochs: meta.list(HISTORY_EPOCHS, "whole numbers")?,
+            history: vec![],
+        };
+        let mut metrics = vec![];
         let mut keys: Vec<&String> = meta.0.keys().collect();
         keys.sort();
         for key in keys {
@@ -356,8 +394,29 @@ impl Checkpoint {
                 logs.set(name, meta.parse(key, "a number")?);
             } else if let Some(name) = key.strip_prefix(EXTRA_PREFIX) {
                 extra.insert(name.to_string(), meta.0[key].clone());
+            } else if let Some(numbered) = key.strip_prefix(HISTORY_PREFIX) {
+                let position = numbered
+                    .split_once('.')
+                    .and_then(|(i, name)| Some((i.parse::<usize>().ok()?, name)));
+                let Some((position, name)) = position else {
+                    return Err(format!(
+                        "metadata `{key}` is not `{HISTORY_PREFIX}<position>.<metric>`"
+                    ));
+                };
+                let values: Vec<f64> = meta.list(key, "numbers")?;
+                if values.len() != history.epochs.len() {
+                    return Err(format!(
+                        "metadata `{key}` has {} values for {} epochs",
+                        values.len(),
+                        history.epochs.len()
+                    ));
+                }
+                metrics.push((position, name.to_string(), values));
             }
         }
+        // The History's own order of metrics.
+        metrics.sort_by_key(|m| m.0);
+        history.history = metrics.into_iter().map(|(_, n, v)| (n, v)).collect();
         let data_seed = match meta.0.contains_key("data_seed") {
             true => Some(meta.parse("data_seed", "a whole number")?),
             false => None,
@@ -384,6 +443,7 @@ impl Checkpoint {
             },
             weights,
             optimizer_state,
+            history,
             source: PathBuf::from("(in memory)"),
         })
     }
@@ -420,6 +480,116 @@ impl Fields<'_> {
         text.parse()
             .map_err(|_| format!("metadata `{key}` = `{text}` is not {what}"))
     }
+
+    /// A comma-separated list (empty text: no element).
+    fn list<T: std::str::FromStr>(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> std::result::Result<Vec<T>, String> {
+        let text = self.get(key)?;
+        if text.is_empty() {
+            return Ok(vec![]);
+        }
+        text.split(',')
+            .map(|item| {
+                item.parse()
+                    .map_err(|_| format!("metadata `{key}` is not a list of {what} (`{item}`)"))
+            })
+            .collect()
+    }
+}
+
+/// 8 hexadecimal digits.
+fn hex32(value: u32) -> String {
+    format!("{value:08x}")
+}
+
+/// The checksum of the metadata entries (without [`STATE_CHECKSUM`]) and of the tensors'
+/// names, dtypes and shapes, in a fixed order, each string length-prefixed so that no two
+/// different contents give the same bytes.
+fn state_checksum<'a>(
+    metadata: &HashMap<String, String>,
+    tensors: impl Iterator<Item = (&'a str, Dtype, &'a [usize])>,
+) -> u32 {
+    let mut crc = 0;
+    let mut add = |bytes: &[u8]| {
+        crc = crc32c::crc32c_append(crc, &(bytes.len() as u64).to_le_bytes());
+        crc = crc32c::crc32c_append(crc, bytes);
+    };
+    let mut entries: Vec<(&String, &String)> = metadata
+        .iter()
+        .filter(|(k, _)| k.as_str() != STATE_CHECKSUM)
+        .collect();
+    entries.sort();
+    for (key, value) in entries {
+        add(key.as_bytes());
+        add(value.as_bytes());
+    }
+    let mut tensors: Vec<_> = tensors.collect();
+    tensors.sort_by_key(|t| t.0);
+    for (name, dtype, shape) in tensors {
+        add(name.as_bytes());
+        add(dtype.to_string().as_bytes());
+        let dims: Vec<u8> = shape
+            .iter()
+            .flat_map(|&d| (d as u64).to_le_bytes())
+            .collect();
+        add(&dims);
+    }
+    crc
+}
+
+/// An error unless the metadata and every tensor match their checksums.
+fn verify_checksums(
+    metadata: &HashMap<String, String>,
+    data: &SafeTensors<'_>,
+) -> std::result::Result<(), String> {
+    let recorded = |key: &str| -> std::result::Result<u32, String> {
+        let text = metadata
+            .get(key)
+            .ok_or_else(|| format!("metadata `{key}` is missing"))?;
+        match text.len() == 8 {
+            true => u32::from_str_radix(text, 16).ok(),
+            false => None,
+        }
+        .ok_or_else(|| format!("metadata `{key}` = `{text}` is not 8 hexadecimal digits"))
+    };
+    let tensors = data.tensors();
+    let described = tensors
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.dtype(), v.shape()));
+    let (want, got) = (
+        recorded(STATE_CHECKSUM)?,
+        state_checksum(metadata, described),
+    );
+    if want != got {
+        return Err(format!(
+            "its metadata is corrupt: the recorded checksum is {}, its contents give {}",
+            hex32(want),
+            hex32(got)
+        ));
+    }
+    for (name, view) in &tensors {
+        let key = format!("{CHECKSUM_PREFIX}{name}");
+        let (want, got) = (recorded(&key)?, crc32c::crc32c(view.data()));
+        if want != got {
+            return Err(format!(
+                "tensor `{name}` is corrupt: the recorded checksum is {}, its bytes give {}",
+                hex32(want),
+                hex32(got)
+            ));
+        }
+    }
+    if let Some(key) = metadata.keys().find(|k| {
+        k.strip_prefix(CHECKSUM_PREFIX)
+            .is_some_and(|n| !tensors.iter().any(|(t, _)| t == n))
+    }) {
+        return Err(format!(
+            "metadata `{key}` is the checksum of a tensor the file lacks"
+        ));
+    }
+    Ok(())
 }
 
 /// The order of [`Optimizer::state`](mirra_optim::Optimizer::state): `iterations`, then
@@ -448,11 +618,23 @@ fn parse_seed(hex: &str) -> Option<[u8; 32]> {
     Some(seed)
 }
 
-/// safetensors bytes of named tensors and metadata.
+/// safetensors bytes of named tensors and metadata, with the checksum of every tensor
+/// and of the state added to the metadata.
 fn encode<V: View>(
     tensors: Vec<(String, V)>,
-    metadata: HashMap<String, String>,
+    mut metadata: HashMap<String, String>,
 ) -> std::result::Result<Vec<u8>, String> {
+    for (name, view) in &tensors {
+        metadata.insert(
+            format!("{CHECKSUM_PREFIX}{name}"),
+            hex32(crc32c::crc32c(&view.data())),
+        );
+    }
+    let described = tensors
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.dtype(), v.shape()));
+    let state = state_checksum(&metadata, described);
+    metadata.insert(STATE_CHECKSUM.into(), hex32(state));
     safetensors::serialize(tensors, Some(metadata)).map_err(|e| e.to_string())
 }
 
@@ -594,9 +776,19 @@ mod tests {
         );
         assert_eq!(resumed.rng_state(), first.rng_state());
 
+        assert_eq!(resumed.history().epochs, [0, 1]);
         resumed
             .fit(&data, None, &epochs(4, meta.epoch), &mut [])
             .unwrap();
+        // The whole run's History, its first epochs from the checkpoint (all but the
+        // timing, which differs from run to run).
+        let untimed = |h: &History| {
+            let mut h = h.clone();
+            h.history.retain(|(n, _)| n != "samples_per_sec");
+            h
+        };
+        assert_eq!(untimed(resumed.history()), untimed(whole.history()));
+        assert_eq!(resumed.history().epochs, [0, 1, 2, 3]);
         assert_eq!(bits(&resumed.get_weights()), bits(&whole.get_weights()));
         assert_eq!(
             bits(&resumed.optimizer_state()),
@@ -714,7 +906,10 @@ mod tests {
             ("text", b"epoch,loss\n0,1\n".to_vec(), "not a complete safetensors file"),
             ("foreign", foreign, "not a mirra checkpoint (its metadata has no"),
             ("gguf", with_meta(&set("format", "gguf")), "of format `gguf`"),
-            ("v2", with_meta(&set("format_version", "2")), "format version 2"),
+            // A string of the file with a newline stays on the error's one line.
+            ("newline", with_meta(&set("format", "a\nb")), "of format `a\\nb`"),
+            ("v3", with_meta(&set("format_version", "3")), "format version 3"),
+            ("v1", with_meta(&set("format_version", "1")), "format version 1"),
             ("epoch", with_meta(&set("epoch", "x")), "`epoch` = `x` is not a whole number"),
             ("seed", with_meta(&set("rng_seed", "00")), "`rng_seed` is not 64 hex"),
             (
@@ -781,6 +976,69 @@ mod tests {
         let missing = dir.path().join("none.safetensors");
         let err = model.load_checkpoint(&missing).unwrap_err().to_string();
         assert!(err.contains("none.safetensors: cannot read it"), "{err}");
+    }
+
+    /// The offset of the first byte of tensor `name`'s data in a checkpoint file.
+    fn data_offset(bytes: &[u8], name: &str) -> usize {
+        let (header_len, meta) = SafeTensors::read_metadata(bytes).unwrap();
+        let info = meta.info(name).unwrap();
+        8 + header_len + info.data_offsets.0
+    }
+
+    #[test]
+    fn flipped_bytes_anywhere_are_caught_by_a_checksum_that_names_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut model = tiny_model(2);
+        model
+            .fit(&tiny_data(16, 8, 1), None, &epochs(2, 0), &mut [])
+            .unwrap();
+        let path = dir.path().join("c.safetensors");
+        let mut meta = CheckpointMeta::default();
+        meta.logs.set("val_loss", 0.25);
+        model.save_checkpoint(&path, &meta).unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let read = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            Checkpoint::read(&path).map_err(|e| e.to_string())
+        };
+        let read_back = read(&good).unwrap();
+        assert_eq!(read_back.history, *model.history());
+        assert_eq!(read_back.history.epochs, [0, 1]);
+        // One bit of a weight, of an optimizer slot, of the last byte of the file.
+        for name in ["dense/kernel", "optimizer/1/v", "dense_1/bias"] {
+            let at = data_offset(&good, name) + 5;
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            let err = read(&bad).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "tensor `{name}` is corrupt: the recorded checksum is"
+                )),
+                "{name}: {err}"
+            );
+            assert!(!err.contains('\n'), "{err}");
+        }
+        // A digit of the step in the header: still valid JSON and safetensors.
+        let header = String::from_utf8_lossy(&good).into_owned();
+        let at = header.find("\"step\":\"4\"").unwrap() + "\"step\":\"".len();
+        let mut bad = good.clone();
+        bad[at] = b'7';
+        let err = read(&bad).unwrap_err();
+        assert!(err.contains("its metadata is corrupt"), "{err}");
+        // A checksum entry renamed: the state's checksum covers the metadata's keys.
+        let c = read_back.clone();
+        let tensors: Vec<(String, Bytes)> = c
+            .weights
+            .iter()
+            .map(|(n, t)| (n.clone(), Bytes::new(t).unwrap()))
+            .collect();
+        let mut bytes = encode(tensors, c.metadata()).unwrap();
+        assert!(read(&bytes).is_ok());
+        let key = "\"crc32c.dense/bias\"";
+        let at = String::from_utf8_lossy(&bytes).find(key).unwrap();
+        bytes[at + 1..at + 7].copy_from_slice(b"crc32d");
+        let err = read(&bytes).unwrap_err();
+        assert!(err.contains("metadata is corrupt"), "{err}");
     }
 
     #[test]

@@ -43,14 +43,19 @@ pub enum TrainError {
         /// What is wrong with it.
         msg: String,
     },
-    /// The loss became NaN or infinite.
-    #[error("loss is {value} at epoch {epoch}, step {step}: training diverged")]
-    NonFiniteLoss {
+    /// The loss or a weight became NaN or infinite.
+    #[error("{variable} is {value} after epoch {epoch}, step {step}: training diverged")]
+    NonFinite {
+        /// What: `the loss` or ``weight `dense_1/kernel` (element 7)``.
+        variable: String,
         /// The value.
         value: f64,
         /// 1-based epoch.
         epoch: usize,
-        /// 0-based step in the epoch.
+        /// 1-based step (batch) in the epoch.
         step: usize,
     },
+    /// A dataset holds no example.
+    #[error("the {0} data holds no example")]
+    EmptyData(&'static str),
 }

@@ -6,10 +6,12 @@
 
 pub mod callbacks;
 pub mod checkpoint;
+pub mod console;
 mod csv_logger;
 mod early_stopping;
 mod error;
 pub mod fsutil;
+mod history_file;
 mod logs;
 mod lr_scheduler;
 mod model;
@@ -25,6 +27,7 @@ pub use checkpoint::{Checkpoint, CheckpointMeta, DataPosition, RngState};
 pub use csv_logger::CsvLogger;
 pub use early_stopping::EarlyStopping;
 pub use error::TrainError;
+pub use history_file::HistoryFile;
 pub use logs::{History, Logs};
 pub use lr_scheduler::LearningRateScheduler;
 pub use model::{FitConfig, Model, StepOutput};

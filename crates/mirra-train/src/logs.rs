@@ -41,7 +41,9 @@ impl Logs {
     }
 }
 
-/// Every epoch's logs, one list per metric, as Keras's `History.history`.
+/// Every epoch's logs, one list per metric, as Keras's `History.history`, with the
+/// epochs' numbers as Keras's `History.epoch`. Every list has one value per epoch: a
+/// metric an epoch did not log is NaN there.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct History {
     /// `(metric, values per epoch)` in first-seen order.
@@ -50,16 +52,42 @@ pub struct History {
     pub epochs: Vec<usize>,
 }
 
+/// The key of the epochs' numbers in [`History::to_json`].
+pub const EPOCH_KEY: &str = "epoch";
+
 impl History {
     /// Record one epoch's logs.
     pub fn push(&mut self, epoch: usize, logs: &Logs) {
+        let before = self.epochs.len();
         self.epochs.push(epoch);
         for (name, value) in logs.iter() {
             match self.history.iter_mut().find(|(n, _)| n == name) {
                 Some((_, v)) => v.push(value),
-                None => self.history.push((name.to_string(), vec![value])),
+                None => {
+                    let mut v = vec![f64::NAN; before];
+                    v.push(value);
+                    self.history.push((name.to_string(), v));
+                }
             }
         }
+        for (_, v) in &mut self.history {
+            v.resize(before + 1, f64::NAN);
+        }
+    }
+
+    /// Forget the epochs numbered `epoch` and later (a fit that starts at `epoch` rewrites
+    /// them).
+    pub fn truncate_from(&mut self, epoch: usize) {
+        let keep = self.epochs.iter().take_while(|&&e| e < epoch).count();
+        self.epochs.truncate(keep);
+        for (_, v) in &mut self.history {
+            v.truncate(keep);
+        }
+    }
+
+    /// True when no epoch is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.epochs.is_empty()
     }
 
     /// The values of `name`, one per epoch.
@@ -70,17 +98,23 @@ impl History {
             .map(|(_, v)| v.as_slice())
     }
 
-    /// The history as a JSON object of lists (`{"loss": [..], "accuracy": [..], ..}`).
+    /// The history as a JSON object of lists: the epochs' numbers under `epoch`, then one
+    /// list per metric (`{"epoch": [0, 1], "loss": [..], "accuracy": [..], ..}`); NaN and
+    /// infinities, which JSON lacks, are `null`.
     pub fn to_json(&self) -> serde_json::Value {
-        let map = self
+        let epochs = (
+            EPOCH_KEY.to_string(),
+            serde_json::Value::from(self.epochs.clone()),
+        );
+        let metrics = self
             .history
             .iter()
-            .map(|(n, v)| (n.clone(), serde_json::Value::from(v.clone())))
-            .collect::<serde_json::Map<_, _>>();
-        serde_json::Value::Object(map)
+            .map(|(n, v)| (n.clone(), serde_json::Value::from(v.clone())));
+        serde_json::Value::Object(std::iter::once(epochs).chain(metrics).collect())
     }
 
-    /// Write [`History::to_json`] to `path` atomically.
+    /// Write [`History::to_json`] to `path` atomically (see
+    /// [`write_atomic`](crate::fsutil::write_atomic)).
     pub fn save_json(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(&self.to_json()).expect("JSON of numbers");
         write_atomic(path, text.as_bytes())
@@ -102,5 +136,32 @@ mod tests {
         }
         assert_eq!(h.get("loss").unwrap(), &[0.5, 0.25]);
         assert_eq!(h.to_json()["accuracy"], serde_json::json!([0.5, 0.75]));
+        assert_eq!(h.to_json()["epoch"], serde_json::json!([0, 1]));
+    }
+
+    #[test]
+    fn every_list_has_one_value_per_epoch_and_a_resumed_fit_cuts_the_rest() {
+        let mut h = History::default();
+        let logs = |entries: &[(&str, f64)]| {
+            let mut l = Logs::new();
+            for (n, v) in entries {
+                l.set(n, *v);
+            }
+            l
+        };
+        h.push(0, &logs(&[("loss", 1.0)]));
+        h.push(1, &logs(&[("loss", 0.5), ("val_loss", 0.6)]));
+        h.push(2, &logs(&[("val_loss", 0.4)]));
+        let json = h.to_json();
+        assert_eq!(json["loss"], serde_json::json!([1.0, 0.5, null]));
+        assert_eq!(json["val_loss"], serde_json::json!([null, 0.6, 0.4]));
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["epoch", "loss", "val_loss"]);
+        h.truncate_from(1);
+        assert_eq!(h.epochs, [0]);
+        assert_eq!(h.get("loss").unwrap(), &[1.0]);
+        assert_eq!(h.get("val_loss").unwrap().len(), 1);
+        h.truncate_from(0);
+        assert!(h.is_empty());
     }
 }

@@ -44,6 +44,8 @@ pub struct Model {
     tape: Tape,
     rng: Rng,
     grads: Vec<Tensor>,
+    /// Every epoch trained so far, restored with a checkpoint.
+    history: History,
     /// Replicas `1..n` under a distribution strategy (the fields above are replica 0).
     mirrors: Option<Mirrors>,
 }
@@ -85,6 +87,7 @@ impl Model {
             tape: Tape::new(),
             rng: rng(seed),
             grads: vec![],
+            history: History::default(),
             mirrors: None,
         }
     }
@@ -303,6 +306,32 @@ impl Model {
         }
     }
 
+    /// The epochs that led to the current weights, as Keras's `model.history`: those of the
+    /// last `fit` and, when it resumed a run (a non-zero
+    /// [`FitConfig::initial_epoch`]), the earlier ones its checkpoint restored
+    /// ([`Model::set_history`]).
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Replace the record of the epochs trained so far (a checkpoint restores it).
+    pub fn set_history(&mut self, history: History) {
+        self.history = history;
+    }
+
+    /// The name, position (row-major) and value of the first weight element that is NaN
+    /// or infinite, `None` when every weight is finite. One vectorised pass over the
+    /// weights: `fit` runs it at the end of every epoch and whenever the loss is not
+    /// finite.
+    pub fn first_non_finite_weight(&self) -> Result<Option<(String, usize, f64)>> {
+        for (name, w) in self.net.param_names().iter().zip(self.net.params()) {
+            if let Some((at, value)) = w.first_non_finite()? {
+                return Ok(Some((name.clone(), at, value)));
+            }
+        }
+        Ok(None)
+    }
+
     /// One step of gradient descent on a batch: forward, backward, update.
     pub fn train_step(&mut self, x: Tensor, y: &Tensor) -> Result<StepOutput> {
         if let Some(m) = &mut self.mirrors {
@@ -348,6 +377,14 @@ impl Model {
         if config.epochs == 0 {
             return Err(TrainError::Invalid("epochs must be at least 1".into()));
         }
+        // Known to be empty: an error now, not an epoch of nothing (and a validation loss
+        // of 0 that would become the best so far).
+        for (what, data) in [("training", Some(train)), ("validation", validation)] {
+            if data.and_then(Dataset::cardinality) == Some(0) {
+                return Err(TrainError::EmptyData(what));
+            }
+        }
+        self.history.truncate_from(config.initial_epoch);
         let info = TrainInfo {
             epochs: config.epochs,
             initial_epoch: config.initial_epoch,
@@ -377,6 +414,7 @@ impl Model {
                 logs.set("samples_per_sec", rate);
             }
             history.push(epoch, &logs);
+            self.history.push(epoch, &logs);
             let mut stop = false;
             for cb in callbacks.iter_mut() {
                 stop |= cb.on_epoch_end(epoch, &logs, self)? == Control::Stop;
@@ -405,16 +443,18 @@ impl Model {
         let mut samples = 0usize;
         let start = Instant::now();
         let mut logs = Logs::new();
+        let mut steps = 0;
         for (step, batch) in train.iter_epoch(epoch as u64)?.enumerate() {
             let (x, y) = split_batch(batch?)?;
             let n = x.dims().first().copied().unwrap_or(0);
             let out = self.train_step(x, &y)?;
+            steps = step + 1;
+            // The loss every step; the weights only when it is not finite, to name the
+            // culprit: NaN propagates, so a weight that an update made NaN or infinite
+            // makes the next step's loss so (the scan after the epoch's last update
+            // covers that one). A scan per step would cost about 1% of a step of the MLP.
             if !out.loss.is_finite() {
-                return Err(TrainError::NonFiniteLoss {
-                    value: out.loss,
-                    epoch: epoch + 1,
-                    step,
-                });
+                self.check_finite(out.loss, epoch, step)?;
             }
             loss_mean.add(out.loss, n as f64);
             for m in &mut self.metrics {
@@ -429,6 +469,11 @@ impl Model {
                 cb.on_train_batch_end(step, &logs, self)?;
             }
         }
+        if samples == 0 {
+            return Err(TrainError::EmptyData("training"));
+        }
+        // Before any callback sees (and saves) the epoch.
+        self.check_finite(loss_mean.value(), epoch, steps - 1)?;
         let secs = start.elapsed().as_secs_f64();
         logs.set(
             "samples_per_sec",
@@ -441,24 +486,51 @@ impl Model {
         Ok(logs)
     }
 
-    /// The loss and metrics over a dataset (no updates).
+    /// An error naming the loss or the first weight that is NaN or infinite after the
+    /// update of (0-based) `epoch` and `step`: a scan of every weight.
+    fn check_finite(&self, loss: f64, epoch: usize, step: usize) -> Result<()> {
+        let weight = self.first_non_finite_weight()?;
+        if loss.is_finite() && weight.is_none() {
+            return Ok(());
+        }
+        let (variable, value) = match (loss.is_finite(), weight) {
+            (true, Some((name, at, value))) => (format!("weight `{name}` (element {at})"), value),
+            (false, Some((name, _, _))) => (format!("the loss (and weight `{name}`)"), loss),
+            (false, None) => ("the loss".to_string(), loss),
+            (true, None) => unreachable!("checked above"),
+        };
+        Err(TrainError::NonFinite {
+            variable,
+            value,
+            epoch: epoch + 1,
+            step: step + 1,
+        })
+    }
+
+    /// The loss and metrics over a dataset (no updates); an error when it holds no
+    /// example.
     pub fn evaluate(&mut self, data: &Dataset) -> Result<Logs> {
         let mut loss_mean = Mean::new("loss");
         for m in &mut self.metrics {
             m.reset();
         }
         let tape = Tape::new();
+        let mut examples = 0usize;
         for batch in data.iter_epoch(0)? {
             let (x, y) = split_batch(batch?)?;
             let n = x.dims().first().copied().unwrap_or(0);
             let out = self.net.forward_inference(&tape, x)?;
             let loss = self.loss.compute(&out, &y, Reduction::SumOverBatchSize)?;
             loss_mean.add(scalar(loss.value())?, n as f64);
+            examples += n;
             for m in &mut self.metrics {
                 m.update(&y, out.output.value())?;
             }
             drop(out);
             tape.clear();
+        }
+        if examples == 0 {
+            return Err(TrainError::EmptyData("evaluation"));
         }
         let mut logs = Logs::new();
         logs.set("loss", loss_mean.value());
@@ -501,8 +573,145 @@ fn split_batch(batch: Vec<Tensor>) -> Result<(Tensor, Tensor)> {
 
 #[cfg(test)]
 mod tests {
+    use mirra_tensor::{Device, Tensor};
+
     use crate::testutil::{tiny_data, tiny_model};
-    use crate::FitConfig;
+    use crate::{Callback, FitConfig, ModelCheckpoint, TrainError};
+
+    /// The model's weights with element `at` of weight `index` set to `value`.
+    fn poisoned(model: &crate::Model, index: usize, at: usize, value: f32) -> Vec<Tensor> {
+        let mut weights: Vec<Tensor> = model.get_weights().into_iter().map(|w| w.1).collect();
+        let w = &weights[index];
+        let mut v = w.to_vec::<f32>().unwrap();
+        v[at] = value;
+        weights[index] = Tensor::from_vec(v, w.dims(), Device::Cpu).unwrap();
+        weights
+    }
+
+    /// A NaN weight used to survive: ReLU turned the NaN it produced into 0, the loss
+    /// stayed finite, and the checkpoint saved the NaN. Now the loss is NaN at once and
+    /// the run stops, naming the weight, before any checkpoint is written.
+    #[test]
+    fn a_nan_weight_stops_the_run_naming_it_before_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("last.safetensors");
+        let mut model = tiny_model(1);
+        model.set_weights(poisoned(&model, 0, 5, f32::NAN)).unwrap();
+        let mut callbacks: Vec<Box<dyn Callback>> =
+            vec![Box::new(ModelCheckpoint::new(&path).unwrap())];
+        let err = model
+            .fit(
+                &tiny_data(32, 8, 1),
+                None,
+                &FitConfig::default(),
+                &mut callbacks,
+            )
+            .unwrap_err();
+        assert!(matches!(err, TrainError::NonFinite { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with("the loss (and weight `dense/kernel`) is NaN after epoch 1, step 1"),
+            "{text}"
+        );
+        assert!(!path.exists());
+    }
+
+    /// Changes a weight after the epoch's last step, as an update that overflowed would.
+    #[derive(Debug)]
+    struct PoisonAfterStep(usize);
+
+    impl Callback for PoisonAfterStep {
+        fn on_train_batch_end(
+            &mut self,
+            step: usize,
+            _: &crate::Logs,
+            model: &mut crate::Model,
+        ) -> crate::Result<()> {
+            if step == self.0 {
+                model.set_weights(poisoned(model, 3, 0, f32::INFINITY))?;
+            }
+            Ok(())
+        }
+    }
+
+    /// A weight made infinite by the epoch's last update (whose loss was still finite,
+    /// and after which no step follows to make the loss infinite) is caught by the scan
+    /// at the epoch's end, before any callback saves it.
+    #[test]
+    fn a_weight_made_infinite_by_the_last_update_is_caught_before_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("last.safetensors");
+        let mut model = tiny_model(1);
+        let mut callbacks: Vec<Box<dyn Callback>> = vec![
+            Box::new(PoisonAfterStep(3)),
+            Box::new(ModelCheckpoint::new(&path).unwrap()),
+        ];
+        let err = model
+            .fit(
+                &tiny_data(32, 8, 1),
+                None,
+                &FitConfig::default(),
+                &mut callbacks,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("weight `dense_1/bias` (element 0) is inf after epoch 1, step 4"),
+            "{err}"
+        );
+        assert!(!path.exists());
+    }
+
+    /// The check after every update names the first non-finite weight with the step,
+    /// whether the loss is finite (an update overflowed) or not.
+    #[test]
+    fn the_check_after_each_update_names_the_weight_element_and_step() {
+        let mut model = tiny_model(1);
+        model
+            .fit(&tiny_data(32, 8, 1), None, &FitConfig::default(), &mut [])
+            .unwrap();
+        assert_eq!(model.first_non_finite_weight().unwrap(), None);
+        assert!(model.check_finite(0.25, 1, 16).is_ok());
+        let err = model
+            .check_finite(f64::INFINITY, 1, 16)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("the loss is inf after epoch 2, step 17: training diverged"),
+            "{err}"
+        );
+        model
+            .set_weights(poisoned(&model, 2, 7, f32::NEG_INFINITY))
+            .unwrap();
+        assert_eq!(
+            model.first_non_finite_weight().unwrap(),
+            Some(("dense_1/kernel".to_string(), 7, f64::NEG_INFINITY))
+        );
+        let err = model.check_finite(0.25, 1, 16).unwrap_err().to_string();
+        assert!(
+            err.starts_with("weight `dense_1/kernel` (element 7) is -inf after epoch 2, step 17"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn empty_training_or_validation_data_is_an_error_not_a_loss_of_0() {
+        let mut model = tiny_model(1);
+        let empty = tiny_data(0, 8, 1);
+        let some = tiny_data(16, 8, 1);
+        let config = FitConfig::default();
+        let err = model.fit(&empty, None, &config, &mut []).unwrap_err();
+        assert_eq!(err.to_string(), "the training data holds no example");
+        let err = model
+            .fit(&some, Some(&empty), &config, &mut [])
+            .unwrap_err();
+        assert_eq!(err.to_string(), "the validation data holds no example");
+        let err = model.evaluate(&empty).unwrap_err();
+        assert_eq!(err.to_string(), "the evaluation data holds no example");
+        // Nothing was trained.
+        assert_eq!(model.optimizer().iterations(), 0);
+        assert!(model.history().is_empty());
+    }
 
     #[test]
     fn fit_lowers_the_loss_and_callbacks_see_the_weights() {

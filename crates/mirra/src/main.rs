@@ -4,13 +4,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use mirra::train::console::{one_line, warn};
 
+mod outputs;
 mod resume;
 mod train_cmd;
 
 /// Data-parallel training for Rust.
 #[derive(Debug, Parser)]
-#[command(name = "mirra", version, about)]
+#[command(name = "mirra", version, about, arg_required_else_help = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,51 +31,60 @@ pub struct TrainArgs {
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// Number of epochs.
-    #[arg(long, default_value_t = 5, value_parser = positive)]
+    #[arg(long, default_value_t = 5, value_parser = positive, allow_negative_numbers = true)]
     pub epochs: usize,
     /// The (global) batch size.
-    #[arg(long, default_value_t = 64, value_parser = positive)]
+    #[arg(long, default_value_t = 64, value_parser = positive, allow_negative_numbers = true)]
     pub batch_size: usize,
     /// Adam's learning rate.
-    #[arg(long, default_value_t = 1e-3, value_parser = positive_f64)]
+    #[arg(long, default_value_t = 1e-3, value_parser = positive_f64, allow_negative_numbers = true)]
     pub lr: f64,
     /// A directory with the four standard MNIST files (train and t10k); by default the
     /// bundled t10k set, split 8,000 for training and 2,000 for validation.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
     /// Seed of weights, shuffling and dropout.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = seed, allow_negative_numbers = true)]
     pub seed: u64,
-    /// Write the History (one list per metric) as JSON to FILE.
+    /// Write the History (the epochs' numbers and one list per metric) as JSON to FILE
+    /// after every epoch; a resumed run's holds every epoch of the run.
     #[arg(long, value_name = "FILE")]
     pub history: Option<PathBuf>,
     /// Write TensorBoard event files (per-epoch loss, accuracy, learning rate, samples/s)
     /// to DIR/train and DIR/validation; view them with `tensorboard --logdir DIR`.
     #[arg(long, value_name = "DIR")]
     pub logdir: Option<PathBuf>,
-    /// Save a checkpoint (weights, optimizer state, epoch, RNG and data position) to
-    /// DIR/last.safetensors after every epoch, and to DIR/best.safetensors when val_loss
-    /// improves.
+    /// Save a checkpoint (weights, optimizer state, epoch, RNG, data position, History and
+    /// the run's settings, with checksums) to DIR/last.safetensors after every epoch, and
+    /// to DIR/best.safetensors when val_loss improves. The directory is locked for the
+    /// run: a second run on it is refused.
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
     /// Continue the run whose checkpoints are in --checkpoint-dir (from epoch 1 when it
-    /// holds none), with the same --model, --seed, --batch-size and --lr.
+    /// holds none), with the same --model, --data, --lr, --scale-lr, --batch-size and
+    /// --seed; --replicas and --collective may change.
     #[arg(long)]
     pub resume: bool,
-    /// Threads for the kernels (default: all cores; with --replicas, per replica: the
-    /// cores shared among the replicas).
-    #[arg(long, value_parser = positive)]
+    /// Threads for the kernels, at most the machine's cores (default: all cores; with
+    /// --replicas, per replica: the cores shared among the replicas).
+    #[arg(long, value_parser = threads, allow_negative_numbers = true)]
     pub threads: Option<usize>,
     /// Train on N replicas in sync (the mirrored strategy; on CPU, N threads): the global
     /// batch (--batch-size) is split among them and their gradients all-reduced.
-    #[arg(long, value_name = "N", value_parser = positive)]
+    #[arg(long, value_name = "N", value_parser = positive, allow_negative_numbers = true)]
     pub replicas: Option<usize>,
     /// The all-reduce algorithm of --replicas: ring, tree, reduce-to-one or direct.
     #[arg(long, value_name = "NAME", default_value = "ring", value_parser = collective)]
     pub collective: String,
     /// Gradient bucket size in MiB for the overlapped all-reduce (PyTorch DDP's
     /// bucket_cap_mb).
-    #[arg(long, value_name = "MIB", default_value_t = 25.0, value_parser = positive_f64)]
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 25.0,
+        value_parser = positive_f64,
+        allow_negative_numbers = true
+    )]
     pub bucket_mb: f64,
     /// Scale the learning rate linearly with the global batch size, from a base batch of
     /// 64 (Goyal et al., 2017): lr x batch-size / 64.
@@ -96,10 +107,11 @@ fn collective(s: &str) -> Result<String, String> {
 }
 
 fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!("'{s}' is not a whole number")),
+    match (s.parse::<usize>(), s.parse::<i128>()) {
+        (Ok(0), _) | (Err(_), Ok(..=0)) => Err("must be at least 1".into()),
+        (Ok(n), _) => Ok(n),
+        (Err(_), Ok(_)) => Err(format!("{s} is too large")),
+        (Err(_), Err(_)) => Err(format!("'{s}' is not a whole number")),
     }
 }
 
@@ -109,6 +121,25 @@ fn positive_f64(s: &str) -> Result<f64, String> {
         Ok(_) => Err("must be a positive number".into()),
         Err(_) => Err(format!("'{s}' is not a number")),
     }
+}
+
+fn seed(s: &str) -> Result<u64, String> {
+    s.parse::<u64>()
+        .map_err(|_| format!("'{s}' is not a whole number from 0 to {}", u64::MAX))
+}
+
+/// A thread count from 1 to the machine's cores: more threads than cores only queue
+/// for them.
+fn threads(s: &str) -> Result<usize, String> {
+    let n = positive(s)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n > cores {
+        return Err(format!(
+            "{n} threads, but this machine has {cores} core{}",
+            if cores == 1 { "" } else { "s" }
+        ));
+    }
+    Ok(n)
 }
 
 /// How a command failed: a usage error (exit 2) or a failure while running (exit 1).
@@ -128,6 +159,11 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // Bare `mirra`: the usage, with the commands.
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
         Err(e) => {
             // One line: clap's first line names the flag and what is wrong with it.
             let text = e.render().to_string();
@@ -135,7 +171,7 @@ fn main() -> ExitCode {
                 .lines()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("error: bad arguments");
-            eprintln!("{line}");
+            warn(line);
             return ExitCode::from(2);
         }
     };
@@ -144,12 +180,13 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // One line, whatever the strings the message quotes hold.
         Err(Failure::Usage(msg)) => {
-            eprintln!("error: {msg}");
+            warn(&format!("error: {}", one_line(&msg)));
             ExitCode::from(2)
         }
         Err(Failure::Run(msg)) => {
-            eprintln!("error: {msg}");
+            warn(&format!("error: {}", one_line(&msg)));
             ExitCode::from(1)
         }
     }

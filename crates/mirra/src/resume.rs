@@ -4,13 +4,18 @@
 //! improved, `DIR/best.safetensors`, both written atomically. `--resume` restores the
 //! model from `DIR/last.safetensors` (weights, optimizer state, dropout generator) and
 //! starts at the next epoch, whose data the seed and the epoch number fix, so the run ends
-//! with the same weights, bit for bit, as one that was never interrupted. A resumed run
-//! must use the settings recorded in the checkpoint ([`settings`]); a checkpoint that is
-//! unreadable, foreign, or of another run is a usage error (exit 2): like a `--data`
-//! directory without MNIST, it is an input the command line named that cannot be used.
+//! with the same weights, bit for bit, as one that was never interrupted. Every checkpoint
+//! records the run's configuration ([`run_config`]): a resumed run must use the settings
+//! that decide its results (data, model, optimizer, learning rate, `--scale-lr`, batch
+//! size, seed, precision, determinism), while those that only decide where it runs
+//! (replicas, collective, device) may change, which is said. A checkpoint that is
+//! unreadable, corrupt (its checksums), foreign, or of another run is a usage error
+//! (exit 2): like a `--data` directory without MNIST, it is an input the command line
+//! named that cannot be used.
 
 use std::path::{Path, PathBuf};
 
+use mirra::train::console::{one_line, print_line};
 use mirra::train::{Callback, Checkpoint, Model, ModelCheckpoint, TrainError};
 
 use crate::{Failure, TrainArgs};
@@ -22,14 +27,82 @@ pub const BEST: &str = "best.safetensors";
 /// What makes an epoch the best.
 const BEST_MONITOR: &str = "val_loss";
 
-/// The settings a resumed run must share with the run it continues, as `(flag without
-/// --, value)`; every checkpoint records them.
-fn settings(args: &TrainArgs) -> [(&'static str, String); 4] {
-    [
-        ("model", args.model.clone()),
-        ("seed", args.seed.to_string()),
-        ("batch-size", args.batch_size.to_string()),
-        ("lr", args.lr.to_string()),
+/// Whether a resumed run may change a setting of its run configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnChange {
+    /// It decides the results: a resumed run with another value is refused.
+    Refuse,
+    /// It decides only where the run runs: the change is said and allowed.
+    Allow,
+}
+
+/// One setting of a run, as every checkpoint records it.
+#[derive(Debug)]
+struct Setting {
+    /// Its key in the checkpoint (`extra.<key>`).
+    key: &'static str,
+    /// How messages name it: the flag, or the key where there is none.
+    label: &'static str,
+    /// Its value in this run.
+    value: String,
+    on_change: OnChange,
+}
+
+/// The run configuration of `args` training `model`: what a checkpoint records and a
+/// resumed run checks. Precision and determinism have no flag yet: recorded now, a run
+/// that changes them the day they arrive is refused.
+fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
+    let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
+    let data = match &args.data {
+        Some(dir) => std::fs::canonicalize(dir)
+            .unwrap_or_else(|_| dir.clone())
+            .display()
+            .to_string(),
+        None => "bundled".into(),
+    };
+    let setting = |key, label, value, on_change| Setting {
+        key,
+        label,
+        value,
+        on_change,
+    };
+    use OnChange::{Allow, Refuse};
+    vec![
+        setting("data", "--data", data, Refuse),
+        setting("model", "--model", args.model.clone(), Refuse),
+        setting(
+            "optimizer",
+            "optimizer",
+            model.optimizer().name().into(),
+            Refuse,
+        ),
+        setting("lr", "--lr", args.lr.to_string(), Refuse),
+        setting("scale-lr", "--scale-lr", on_off(args.scale_lr), Refuse),
+        setting(
+            "batch-size",
+            "--batch-size",
+            args.batch_size.to_string(),
+            Refuse,
+        ),
+        setting("seed", "--seed", args.seed.to_string(), Refuse),
+        setting("precision", "precision", "float32".into(), Refuse),
+        setting("deterministic", "deterministic", on_off(false), Refuse),
+        setting(
+            "replicas",
+            "--replicas",
+            args.replicas.unwrap_or(1).to_string(),
+            Allow,
+        ),
+        setting(
+            "collective",
+            "--collective",
+            match args.replicas {
+                Some(_) => args.collective.clone(),
+                None => "none".into(),
+            },
+            Allow,
+        ),
+        setting("device", "device", "cpu".into(), Allow),
     ]
 }
 
@@ -57,19 +130,18 @@ pub fn setup(
         resume(args, dir, model)?
     } else {
         if dir.join(LAST).exists() {
-            println!(
+            print_line(&format!(
                 "Replacing the checkpoints in {} (--resume continues them instead)",
                 dir.display()
-            );
+            ));
         }
         (0, None)
     };
+    let config = run_config(args, model);
     let checkpoint = |name: &str| -> Result<ModelCheckpoint, Failure> {
         let c = ModelCheckpoint::new(literal(dir.join(name))).map_err(usage)?;
         let c = c.data_seed(args.seed);
-        Ok(settings(args)
-            .into_iter()
-            .fold(c, |c, (key, value)| c.metadata(key, value)))
+        Ok(config.iter().fold(c, |c, s| c.metadata(s.key, &s.value)))
     };
     let mut best_checkpoint = checkpoint(BEST)?.monitor(BEST_MONITOR).save_best_only(true);
     if let Some(value) = best {
@@ -91,11 +163,14 @@ fn resume(
 ) -> Result<(usize, Option<f64>), Failure> {
     let path = dir.join(LAST);
     if !path.exists() {
-        println!("No checkpoint in {}: starting from epoch 1", dir.display());
+        print_line(&format!(
+            "No checkpoint in {}: starting from epoch 1",
+            dir.display()
+        ));
         return Ok((0, None));
     }
     let checkpoint = Checkpoint::read(&path).map_err(usage)?;
-    check_settings(args, &checkpoint)?;
+    check_settings(args, model, &checkpoint)?;
     let meta = &checkpoint.meta;
     // The data restarts exactly only at an epoch boundary.
     if meta.data.batch != 0 || meta.data.epoch != meta.epoch as u64 {
@@ -110,18 +185,18 @@ fn resume(
     checkpoint.restore(model).map_err(usage)?;
     let done = meta.epoch;
     if done >= args.epochs {
-        println!(
+        print_line(&format!(
             "{} already holds {done} epochs (--epochs {}): nothing left to train",
             path.display(),
             args.epochs
-        );
+        ));
     } else {
-        println!(
+        print_line(&format!(
             "Resuming from {}: {done} epochs done (step {}), continuing at epoch {}",
             path.display(),
             checkpoint.step,
             done + 1
-        );
+        ));
     }
     let best = dir.join(BEST);
     let best = match best.exists() {
@@ -135,24 +210,35 @@ fn resume(
     Ok((done, best))
 }
 
-/// An error unless the checkpoint was written with this run's [`settings`].
-fn check_settings(args: &TrainArgs, checkpoint: &Checkpoint) -> Result<(), Failure> {
+/// An error unless the checkpoint was written with this run's settings that decide its
+/// results; the others that changed are said.
+fn check_settings(args: &TrainArgs, model: &Model, checkpoint: &Checkpoint) -> Result<(), Failure> {
     let path = checkpoint.source().display();
-    for (key, ours) in settings(args) {
-        match checkpoint.meta.extra.get(key) {
-            Some(theirs) if *theirs == ours => {}
-            Some(theirs) => {
+    for setting in run_config(args, model) {
+        let (label, ours) = (setting.label, &setting.value);
+        let theirs = checkpoint.meta.extra.get(setting.key);
+        match (theirs, setting.on_change) {
+            (Some(theirs), _) if theirs == ours => {}
+            (Some(theirs), OnChange::Refuse) => {
                 return Err(Failure::Usage(format!(
-                    "checkpoint {path} was written with --{key} {theirs}, not --{key} {ours}: \
-                     resume with the same --model, --seed, --batch-size and --lr, or use \
-                     another --checkpoint-dir"
+                    "checkpoint {path} was written with {label} {theirs}, not {label} {ours}: \
+                     resume with the settings it was written with, or use another \
+                     --checkpoint-dir"
                 )))
             }
-            None => {
+            (None, OnChange::Refuse) => {
                 return Err(Failure::Usage(format!(
-                    "checkpoint {path} does not record --{key}: it was not written by mirra train"
+                    "checkpoint {path} does not record {label}: it was not written by this \
+                     version of mirra train"
                 )))
             }
+            (Some(theirs), OnChange::Allow) => {
+                print_line(&one_line(&format!(
+                    "Resuming with {label} {ours} (the checkpoint was written with {label} \
+                     {theirs})"
+                )));
+            }
+            (None, OnChange::Allow) => {}
         }
     }
     Ok(())

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use mirra::nn::{Accuracy, Metric};
 use mirra::optim::{scale_lr, Adam};
 use mirra::strategy::{MirroredStrategy, StrategyConfig};
-use mirra::train::{Callback, FitConfig, Model, ProgbarLogger};
+use mirra::train::console::{print_line, stdout_closed, warn};
+use mirra::train::{Callback, FitConfig, HistoryFile, Model, ProgbarLogger};
 
 use crate::{Failure, TrainArgs};
 
@@ -20,6 +21,8 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             mirra::models::MODEL_NAMES.join(", ")
         )));
     };
+    // Before anything is loaded or trained: a bad output path fails now.
+    let _outputs = crate::outputs::prepare(&args)?;
     if let Some(t) = args.threads {
         mirra::tensor::set_num_threads(t);
     }
@@ -55,6 +58,16 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     }
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let (train_n, val_n) = (mnist.train.len(), mnist.validation.len());
+    if train_n == 0 || val_n == 0 {
+        let source = match &args.data {
+            Some(dir) => format!("--data {}", dir.display()),
+            None => "the bundled data".into(),
+        };
+        return Err(Failure::Usage(format!(
+            "{source} holds {train_n} training and {val_n} validation examples: training \
+             needs at least one of each"
+        )));
+    }
     // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
     let train = mirra::recipe::train_pipeline(&mnist.train, args.batch_size, args.seed)
         .map_err(|e| run_err(&e))?;
@@ -77,7 +90,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         ),
         None => format!("one device, {} threads", mirra::tensor::num_threads()),
     };
-    println!(
+    print_line(&format!(
         "Training {} ({} parameters) on {train_n} samples, validating on {val_n}; global batch \
          {}, Adam(lr={lr}{}), {} epochs, seed {}; {placement}",
         args.model,
@@ -95,7 +108,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         },
         args.epochs,
         args.seed,
-    );
+    ));
     let optimizer = Box::new(Adam::new(lr));
     let loss = Box::new(SparseCategoricalCrossentropy::default());
     let metrics: Vec<Box<dyn Metric>> = vec![Box::new(Accuracy::new())];
@@ -109,15 +122,31 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         callbacks.push(Box::new(mirra::train::TensorBoard::new(dir)));
     }
     let initial_epoch = crate::resume::setup(&args, &mut model, &mut callbacks)?;
+    if let Some(path) = &args.history {
+        callbacks.push(Box::new(HistoryFile::new(path)));
+    }
     let config = FitConfig {
         epochs: args.epochs,
         initial_epoch,
     };
+    if stdout_closed() {
+        warn("mirra train: standard output is closed: nothing trained");
+        return Ok(());
+    }
     let history = model
         .fit(&train, Some(&validation), &config, &mut callbacks)
         .map_err(|e| run_err(&e))?;
-    if let Some(path) = &args.history {
-        history.save_json(path).map_err(|e| run_err(&e))?;
+    if stdout_closed() {
+        let done = history.epochs.last().map_or(initial_epoch, |e| e + 1);
+        let resume = match &args.checkpoint_dir {
+            Some(_) if done < args.epochs => " (--resume continues the run)",
+            _ => "",
+        };
+        warn(&format!(
+            "mirra train: standard output was closed: stopped after epoch {done} of {}, its \
+             outputs saved{resume}",
+            args.epochs
+        ));
     }
     Ok(())
 }

@@ -86,8 +86,34 @@ fn one_epoch_on_the_bundled_data_reaches_90_percent() {
 #[test]
 fn bad_arguments_get_one_clear_line_and_exit_2() {
     let missing = std::env::temp_dir().join("mirra-no-such-dir");
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 14] = [
         (&["train", "--batch-size", "0"], "--batch-size"),
+        // A negative number used to be taken for a flag: "unexpected argument '-1'".
+        (
+            &["train", "--epochs", "-1"],
+            "invalid value '-1' for '--epochs <EPOCHS>': must be at least 1",
+        ),
+        (
+            &["train", "--batch-size", "-64"],
+            "'--batch-size <BATCH_SIZE>': must be at least 1",
+        ),
+        (
+            &["train", "--lr", "-0.1"],
+            "'--lr <LR>': must be a positive number",
+        ),
+        (
+            &["train", "--seed", "-1"],
+            "'--seed <SEED>': '-1' is not a whole number",
+        ),
+        (
+            &["train", "--epochs", "x"],
+            "'--epochs <EPOCHS>': 'x' is not a whole number",
+        ),
+        // 1000 threads used to be accepted.
+        (
+            &["train", "--threads", "1000"],
+            "'--threads <THREADS>': 1000 threads, but this machine has",
+        ),
         (&["train", "--replicas", "0"], "--replicas"),
         (
             &["train", "--replicas", "2", "--collective", "nccl-ring"],
@@ -112,6 +138,16 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
             "{args:?}: {err}"
         );
     }
+}
+
+/// Bare `mirra` used to print only the description: the usage, with the commands.
+#[test]
+fn bare_mirra_prints_the_usage() {
+    let out = mirra(&[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("Usage: mirra <COMMAND>"), "{err}");
+    assert!(err.contains("train"), "{err}");
 }
 
 #[test]

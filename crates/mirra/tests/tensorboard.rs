@@ -78,7 +78,7 @@ fn train_with_logdir_writes_train_and_validation_runs_matching_the_history() {
 }
 
 #[test]
-fn an_unusable_logdir_fails_with_its_path() {
+fn an_unusable_logdir_fails_before_training_with_its_path() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"x").unwrap();
@@ -90,10 +90,16 @@ fn an_unusable_logdir_fails_with_its_path() {
         "--logdir",
         logdir.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    // Checked before training: a usage error naming the flag and the path.
     let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.starts_with("error: ") && err.contains("a-file/tb/train"),
+        err.starts_with("error: --logdir: cannot write ") && err.contains("a-file/tb"),
         "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }

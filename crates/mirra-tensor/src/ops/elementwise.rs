@@ -6,6 +6,7 @@
 use mirra_device::{vectorize, Buffer, Element, FloatElement};
 use num_traits::{Float, FloatConst};
 
+use super::nan::{max_nan, min_nan};
 use crate::dispatch::with_float;
 use crate::layout::for_each_row;
 use crate::{Result, Shape, Tensor, TensorError, MAX_RANK};
@@ -46,8 +47,8 @@ macro_rules! unary_ops {
 }
 
 unary_ops! {
-    /// `max(x, 0)`.
-    Relu relu => |x| x.max(zero());
+    /// `max(x, 0)`; NaN stays NaN.
+    Relu relu => |x| if x < zero() { zero() } else { x };
     /// `1 / (1 + exp(-x))`.
     Sigmoid sigmoid => |x| sigmoid(x);
     /// Hyperbolic tangent.
@@ -68,8 +69,8 @@ unary_ops! {
     Square square => |x| x * x;
     /// `1 / x`.
     Recip recip => |x| x.recip();
-    /// -1, 0 or 1 by the sign of `x` (0 for ±0).
-    Sign sign => |x| if x > zero() { one() } else if x < zero() { -one::<T::Acc>() } else { zero() };
+    /// -1, 0 or 1 by the sign of `x` (0 for ±0, NaN for NaN).
+    Sign sign => |x| if x > zero() { one() } else if x < zero() { -one::<T::Acc>() } else if x.is_nan() { x } else { zero() };
 }
 
 #[inline(always)]
@@ -148,14 +149,15 @@ binary_ops! {
     Mul mul => |a, b| a * b;
     /// `a / b`.
     Div div => |a, b| a / b;
-    /// `max(a, b)`.
-    Maximum maximum => |a, b| a.max(b);
-    /// `min(a, b)`.
-    Minimum minimum => |a, b| a.min(b);
+    /// `max(a, b)`, NaN when either is NaN.
+    Maximum maximum => |a, b| max_nan(a, b);
+    /// `min(a, b)`, NaN when either is NaN.
+    Minimum minimum => |a, b| min_nan(a, b);
     /// 1 where `a == b`, else 0 (the mask of a max's winners).
     EqMask eq_mask => |a, b| if a == b { one() } else { zero() };
-    /// ReLU's backward: `grad` where `x > 0`, else 0 (`a` = grad, `b` = x).
-    ReluBackward relu_backward => |g, x| if x > zero() { g } else { zero() };
+    /// ReLU's backward: 0 where `x <= 0`, else `grad` (`a` = grad, `b` = x), so a NaN
+    /// input passes the gradient on, as PyTorch's `threshold_backward`.
+    ReluBackward relu_backward => |g, x| if x <= zero() { zero() } else { g };
     /// Sigmoid's backward from its output: `g * y * (1 - y)` (`a` = grad, `b` = y).
     SigmoidBackward sigmoid_backward => |g, y| g * y * (one::<T::Acc>() - y);
     /// Tanh's backward from its output: `g * (1 - y²)` (`a` = grad, `b` = y).

@@ -4,6 +4,7 @@
 mod elementwise;
 mod index;
 mod matmul;
+mod nan;
 mod reduce;
 mod shape_ops;
 mod softmax;

@@ -5,6 +5,7 @@
 use mirra_device::{vectorize, Buffer, Element, FloatElement};
 use num_traits::Float;
 
+use super::nan::max_nan;
 use crate::dispatch::with_float;
 use crate::layout::for_each_row;
 use crate::{Result, Shape, Tensor, TensorError, MAX_RANK};
@@ -36,7 +37,8 @@ impl Tensor {
         self.sum(axes, keepdim)?.scale(1.0 / count.max(1) as f64)
     }
 
-    /// Maximum over `axes` (empty means all axes); an error on an empty reduction.
+    /// Maximum over `axes` (empty means all axes), NaN where a reduced element is NaN;
+    /// an error on an empty reduction.
     pub fn max(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         if self.elem_count() == 0 {
             return Err(TensorError::Invalid {
@@ -73,7 +75,8 @@ impl Tensor {
         self.sum(&axes, true)?.reshape(dims)
     }
 
-    /// Index of the largest element along `axis` (the first one on ties), as i64.
+    /// Index of the largest element along `axis` (the first one on ties; the first NaN,
+    /// which counts as the largest, as in PyTorch), as i64.
     pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         let ax = self.shape().axis("argmax", axis)?;
         let n = self.dims()[ax];
@@ -92,7 +95,11 @@ impl Tensor {
             for row in moved.as_slice::<T>()?.chunks_exact(n) {
                 let mut best = 0;
                 for (j, x) in row.iter().enumerate() {
-                    if x.to_acc() > row[best].to_acc() {
+                    let (x, b) = (x.to_acc(), row[best].to_acc());
+                    if b.is_nan() {
+                        break;
+                    }
+                    if x > b || x.is_nan() {
                         best = j;
                     }
                 }
@@ -135,7 +142,7 @@ impl Tensor {
                 self,
                 &mask,
                 <<T as FloatElement>::Acc as Float>::neg_infinity(),
-                |a, b| a.max(b),
+                max_nan,
             ),
         })?;
         if keep {

@@ -1,9 +1,11 @@
 //! Numerically stable softmax and log-softmax along any axis, and their backward maps.
-//! The max is subtracted before exponentiating, so no input overflows.
+//! The max is subtracted before exponentiating, so no input overflows; a NaN input makes
+//! its whole slice NaN, as in PyTorch.
 
 use mirra_device::{Buffer, FloatElement};
 use num_traits::Float;
 
+use super::nan::max_nan;
 use crate::dispatch::with_float;
 use crate::{Result, Tensor, TensorError};
 
@@ -67,7 +69,7 @@ fn kernel<T: FloatElement>(
             let at = |j: usize| o * n * inner + j * inner + i;
             let mut max = T::Acc::neg_infinity();
             for j in 0..n {
-                max = max.max(src[at(j)].to_acc());
+                max = max_nan(max, src[at(j)].to_acc());
             }
             let mut sum = <T::Acc as num_traits::Zero>::zero();
             for j in 0..n {
