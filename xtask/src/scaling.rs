@@ -517,12 +517,14 @@ fn host_summary(run: &checks::HostRun, ablation: Ablation) -> Result<HostSummary
 
 fn host_lines(run: &checks::HostRun, host: &HostSummary) -> Vec<String> {
     let m = &run.measurements;
-    let mut l = vec![
-        format!("# host model ({})", run.source),
-        format!(
-            "#   inputs: {} cores; copy GB/s by threads {}; one-replica step by kernel threads {}; \
-             4 KiB ring all-reduce {}",
+    let mut l =
+        vec![
+            format!("# host model ({})", run.source),
+            format!(
+            "#   inputs: {} cores, {:.2} usable at once now; copy GB/s by threads {}; one-replica \
+             step by kernel threads {}; 4 KiB ring all-reduce {}",
             m.cores,
+            m.parallel_cores,
             m.copy_gbs.iter().map(|g| format!("{g:.1}")).collect::<Vec<_>>().join(" / "),
             m.steps
                 .iter()
@@ -535,7 +537,7 @@ fn host_lines(run: &checks::HostRun, host: &HostSummary) -> Vec<String> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    ];
+        ];
     for (n, p, measured) in host {
         l.push(format!(
             "#   {n} replicas: predicted efficiency {:.3} (step {:.0} us, {} thread(s) each, \
@@ -557,6 +559,7 @@ fn host_json(run: &checks::HostRun, host: &HostSummary) -> Value {
     json!({
         "source": run.source,
         "cores": m.cores,
+        "parallel_cores": num(m.parallel_cores, 3),
         "bucket_bytes": m.bucket_bytes,
         "copy_gbs_by_threads": m.copy_gbs.iter().map(|g| num(*g, 3)).collect::<Vec<_>>(),
         "one_replica_step_us_by_threads": m.steps.iter()

@@ -2,11 +2,15 @@
 //! was measured on it at run time (nothing here is a constant of any CPU).
 //!
 //! Replicas are threads sharing `cores` cores; each computes with `k = max(1, cores / N)`
-//! kernel threads (the strategy's default), and when there are more replica threads than
-//! cores they take turns, so every time a replica spends is stretched by
-//! `f = max(1, N k / cores)`. The gradients go through the reducer's buckets (the copy into
-//! a bucket is part of the one-replica step measured) and each bucket is all-reduced by the
-//! ring through shared memory, whose cost is its memory traffic plus its synchronisation:
+//! kernel threads (the strategy's default). Of those cores the process can use `c` at a
+//! time (measured: how much faster `cores` threads of pure arithmetic go than one; `c =
+//! cores` on an idle machine, less when other work shares it). When more threads are busy
+//! than that, they take turns, so every time a replica spends is stretched by how much more
+//! they share the cores than the one-replica step measured alone with `k` threads did:
+//! `f = max(1, N k / c) / max(1, k / c)`. The gradients go through the reducer's buckets
+//! (the copy into a bucket is part of the one-replica step measured) and each bucket is
+//! all-reduced by the ring through shared memory, whose cost is its memory traffic plus its
+//! synchronisation:
 //!
 //! ```text
 //! traffic  = (3(n-1)/n reads + 2(n-1)/n writes) / 2 = 2.5(n-1)/n bucket copies per rank
@@ -44,6 +48,9 @@ pub struct SyncSample {
 pub struct HostMeasurements {
     /// The cores the replicas share.
     pub cores: usize,
+    /// How many of them the process could use at once when measured (`1..=cores`): the
+    /// speedup of `cores` threads of pure arithmetic over one.
+    pub parallel_cores: f64,
     /// The gradient bucket cap, bytes (the strategy's).
     pub bucket_bytes: usize,
     /// `copy_gbs[t - 1]`: GB/s moved (bytes counted once, summed over threads) by `t`
@@ -101,6 +108,12 @@ impl HostMeasurements {
                 self.cores, self.bucket_bytes
             )));
         }
+        if !(self.parallel_cores >= 1.0 && self.parallel_cores <= self.cores as f64) {
+            return Err(Self::invalid(format!(
+                "{} cores usable at once out of {}: must be between 1 and the cores",
+                self.parallel_cores, self.cores
+            )));
+        }
         let threads = replicas.min(self.cores);
         if self.copy_gbs.len() < threads {
             return Err(Self::invalid(format!(
@@ -140,14 +153,16 @@ impl HostMeasurements {
             .find(|s| s.ranks == ranks && s.seconds.is_finite() && s.seconds >= 0.0)
     }
 
-    /// Kernel threads per replica and the stretch of shared cores at `replicas`.
+    /// Kernel threads per replica and the stretch of shared cores at `replicas`: how much
+    /// more `replicas x k` busy threads share the usable cores than the `k` of the
+    /// one-replica step measured alone.
     fn placement(&self, replicas: usize, ablation: Ablation) -> (usize, f64) {
         let k = (self.cores / replicas).max(1);
-        let busy = (replicas * k) as f64 / self.cores as f64;
+        let shared = |threads: usize| (threads as f64 / self.parallel_cores).max(1.0);
         let stretch = if ablation == Ablation::NoCoreSharing {
             1.0
         } else {
-            busy.max(1.0)
+            shared(replicas * k) / shared(k)
         };
         (k, stretch)
     }
@@ -232,6 +247,7 @@ mod tests {
         };
         HostMeasurements {
             cores: 2,
+            parallel_cores: 2.0,
             bucket_bytes: 25 << 20,
             copy_gbs: vec![10.0, 16.0, 16.0, 16.0],
             steps: vec![step(1e-3), step(0.6e-3)],
@@ -284,6 +300,22 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_machine_shares_fewer_cores() {
+        // Other work leaves one core's worth: two replicas take turns as four would on an
+        // idle machine; one replica alone measured its step in the same conditions.
+        let mut h = host();
+        h.parallel_cores = 1.0;
+        let two = h.predict(2, Ablation::None).unwrap();
+        assert_eq!(two.stretch, 2.0);
+        let four = h.predict(4, Ablation::None).unwrap();
+        assert_eq!(four.stretch, 4.0);
+        assert_eq!(h.predict(1, Ablation::None).unwrap().stretch, 1.0);
+        h.parallel_cores = 1.5;
+        assert!((h.predict(2, Ablation::None).unwrap().stretch - 2.0 / 1.5).abs() < 1e-12);
+        assert_eq!(h.predict(2, Ablation::NoCoreSharing).unwrap().stretch, 1.0);
+    }
+
+    #[test]
     fn missing_or_broken_measurements_are_errors() {
         let mut h = host();
         h.sync.retain(|s| s.ranks != 4);
@@ -304,6 +336,11 @@ mod tests {
         let mut h = host();
         h.cores = 0;
         assert!(h.predict(1, Ablation::None).is_err());
+        for bad in [0.5, 2.5, f64::NAN] {
+            let mut h = host();
+            h.parallel_cores = bad;
+            assert!(h.predict(2, Ablation::None).is_err(), "{bad}");
+        }
         assert!(host().predict(0, Ablation::None).is_err());
     }
 }
