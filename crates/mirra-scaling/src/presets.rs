@@ -5,7 +5,6 @@
 //! them when one process drives each GPU in order.
 
 use crate::topology::{DeviceModel, LinkKind, NodeKind, Topology};
-use crate::tuning::Overheads;
 use crate::{Result, ScalingError};
 
 /// The preset names (`ib-<N>node` takes any `N` in `2..=`[`MAX_IB_NODES`],
@@ -335,31 +334,6 @@ fn pcie_two_sockets(
     Ok(t)
 }
 
-/// `ranks` threads of this host exchanging data through its memory, as mirra's CPU
-/// collectives do: each thread's path to memory moves `copy_gbs` (a measured one-thread
-/// memcpy rate, bytes counted once) and every step of a schedule costs `step_us` (measured
-/// from a small all-reduce: its time over its number of steps), with no per-call overhead.
-pub fn shared_memory(ranks: usize, copy_gbs: f64, step_us: f64) -> Result<Topology> {
-    let mut t = Topology::new(
-        "host-shm",
-        format!("{ranks} threads of this host through shared memory"),
-        DeviceModel::HostThread,
-    );
-    if !(step_us.is_finite() && step_us >= 0.0) {
-        return Err(ScalingError::InvalidTopology {
-            topology: t.name().to_string(),
-            reason: format!("step overhead {step_us} us is negative"),
-        });
-    }
-    let memory = t.add_node("memory", NodeKind::Memory, Some(0));
-    for r in 0..ranks {
-        let thread = t.add_node(format!("rank{r}"), NodeKind::Device, Some(0));
-        t.add_link(thread, memory, LinkKind::SharedMemory, copy_gbs, 0.0)?;
-    }
-    t.set_overheads(Overheads::uniform(0.0, step_us));
-    Ok(t)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,7 +430,5 @@ mod tests {
         }
         assert_eq!(build("ib-32node").unwrap().devices().len(), 256);
         assert_eq!(build("p100-25gbe-128node").unwrap().devices().len(), 512);
-        assert!(shared_memory(2, 10.0, f64::NAN).is_err());
-        assert!(shared_memory(2, 0.0, 1.0).is_err());
     }
 }

@@ -271,7 +271,8 @@ impl Topology {
         Ok(id)
     }
 
-    /// Replaces the per-collective and per-step overheads (for a machine measured here).
+    /// Replaces the per-collective and per-step overheads (a machine whose costs are not
+    /// NCCL's).
     pub fn set_overheads(&mut self, overheads: Overheads) {
         self.overheads = overheads;
     }

@@ -80,14 +80,6 @@ impl Overheads {
         }
     }
 
-    /// The same costs for every class and algorithm (a machine measured here).
-    pub const fn uniform(base_us: f64, step_us: f64) -> Self {
-        Overheads {
-            base_us: [base_us; 2],
-            step_us: [[step_us; 2]; 4],
-        }
-    }
-
     /// The per-call overhead of `algorithm`, microseconds.
     pub fn base(&self, algorithm: Algorithm) -> f64 {
         self.base_us[algorithm.index()]
@@ -112,9 +104,5 @@ mod tests {
         assert_eq!(o.step(HwClass::Pci, Algorithm::Ring), 5.7);
         assert_eq!(o.step(HwClass::Net, Algorithm::Tree), 14.0);
         assert_eq!(o.step(HwClass::Host, Algorithm::Ring), 0.0);
-        let u = Overheads::uniform(1.0, 2.0);
-        assert!(HwClass::ALL
-            .iter()
-            .all(|&c| Algorithm::ALL.iter().all(|&a| u.step(c, a) == 2.0)));
     }
 }
