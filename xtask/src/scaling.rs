@@ -394,12 +394,16 @@ pub(crate) fn check_line(c: &Check) -> String {
             format!("{v:.4}")
         }
     };
+    let unit = if c.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", c.unit)
+    };
     format!(
-        "{}: {} vs {} {}, ratio {:.3}, band [{:.3}, {:.3}]  {}",
+        "{}: {} vs {}{unit}, ratio {:.3}, band [{:.3}, {:.3}]  {}",
         c.name,
         figure(c.predicted),
         figure(c.published),
-        c.unit,
         c.ratio(),
         c.band.0,
         c.band.1,
@@ -765,6 +769,11 @@ mod tests {
             ..c.clone()
         };
         assert!(check_line(&out).ends_with("MISSED"));
+        let unitless = Check {
+            unit: "",
+            ..c.clone()
+        };
+        assert!(check_line(&unitless).starts_with("x: 3.0000 vs 2.0000, ratio"));
         let v = Verdict {
             check: c.clone(),
             rejects: vec![Ablation::NoComm, Ablation::NoLatency],

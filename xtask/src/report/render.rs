@@ -599,8 +599,12 @@ pub(super) fn modelled_markdown(md: &mut Markdown, modelled: &Modelled) {
             let c = &v.check;
             vec![
                 c.name.clone(),
-                format!("{:.4} {}", c.predicted, c.unit),
-                format!("{:.4} {}", c.published, c.unit),
+                format!("{:.4} {}", c.predicted, c.unit)
+                    .trim_end()
+                    .to_string(),
+                format!("{:.4} {}", c.published, c.unit)
+                    .trim_end()
+                    .to_string(),
                 format!("{:.3}", c.ratio()),
                 format!("[{:.3}, {:.3}]", c.band.0, c.band.1),
                 if c.within() { "ok" } else { "MISSED" }.into(),
