@@ -117,9 +117,8 @@ fn usage() -> String {
         bench_mirrored::FLAGS_HELP
     ));
     s.push_str(&format!(
-        "\n`cargo xtask scaling` flags:\n{}{}",
-        scaling::FLAGS_HELP,
-        scaling_measured::FLAGS_HELP
+        "\n`cargo xtask scaling` flags:\n{}",
+        scaling::FLAGS_HELP
     ));
     s.push_str(&format!(
         "\n`cargo xtask report` flags:\n{}",

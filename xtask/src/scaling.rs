@@ -1,41 +1,46 @@
-//! `cargo xtask scaling --topology NAME`: the scaling model of `mirra-scaling` for a machine
-//! this one is not (see `docs/SCALING.md`).
+//! `cargo xtask scaling`: scaling measured here, modelled elsewhere, and the model checked.
 //!
-//! Prints, per all-reduce algorithm and replica count, the predicted step time, samples/s,
-//! scaling efficiency and exposed communication of a model trained data-parallel with
-//! DDP-style 25 MiB buckets; which algorithm wins at which message size (4 KiB to 1 GiB);
-//! and the model's checks against public figures (the seed's 3.6x first) and against this
-//! machine's CPU collectives as `docs/COLLECTIVES.md` measured them. Everything lands in
-//! `target/bench/scaling-model.json` (written atomically), with `seed_check:
-//! {predicted_speedup, published_speedup}`.
-//!
-//! Without `--topology` the command is the measured mode (mirrored training on the devices
-//! at hand, `scaling_measured.rs`).
+//! - `--topology NAME`: the scaling model of `mirra-scaling` for a machine this one is not
+//!   (see `docs/SCALING.md`): per all-reduce algorithm and replica count, the predicted step
+//!   time, samples/s, scaling efficiency and exposed communication of a model trained
+//!   data-parallel with DDP-style buckets (mirra-strategy's 25 MiB by default); which
+//!   algorithm wins at which message size (4 KiB to 1 GiB); and the checks against public
+//!   figures (the seed's 3.6x first). Everything lands in `target/bench/scaling-model.json`
+//!   (written atomically), with `seed_check: {predicted_speedup, published_speedup}`.
+//! - `--validate [--ablate NAME]`: every check, public figures and this machine's mirrored
+//!   training measured now (the host model), predicted against published with its band and
+//!   the ablations it rejects; exits 1 when any is outside its band. With `--ablate` the
+//!   checks are those of the ablated model (`no-comm`, `double-bandwidth`, ...), which must
+//!   fail. Writes `target/bench/scaling-validate.json`.
+//! - neither: the measured mode (mirrored training on the devices at hand,
+//!   `scaling_measured.rs`).
 
 use std::path::PathBuf;
 
-use mirra_scaling::checks::{self, Check};
-use mirra_scaling::predict::{self, Prediction, DEFAULT_BUCKET_BYTES};
-use mirra_scaling::presets::{self, MAX_IB_NODES};
+use clap::Parser;
+use mirra::strategy::DEFAULT_BUCKET_BYTES;
+use mirra_scaling::checks::{self, Check, Inputs, SeedCheck, Verdict};
+use mirra_scaling::predict::{self, Prediction};
+use mirra_scaling::presets;
 use mirra_scaling::profile::MODELS;
-use mirra_scaling::{ModelProfile, ScalingError, Topology};
+use mirra_scaling::{Ablation, ModelProfile, ScalingError, Topology};
 use serde_json::{json, Value};
 
 use crate::json::{num, save};
 use crate::nccl::size_label;
 use crate::paths::bench_file;
-use crate::{flags, Failure};
+use crate::{cli, scaling_measured, Failure};
 
-/// The flags of `cargo xtask scaling`, for the usage message.
+/// The flags of `cargo xtask scaling`, for the usage message (`--help` has them all).
 pub const FLAGS_HELP: &str =
-    "  --topology NAME    model this machine: dgx-h100, 4xv100-nvlink, 2gpu-nvlink-bridge,
-                     8gpu-pcie4, 8gpu-pcie5, ib-2node (ib-<N>node), dgx1-v100
-                     (without it: the measured mode, below)
-  --model NAME       resnet50 (default), or mnist-mlp (per-layer timings measured here)
-  --replicas 1,2,4   replica counts (default: powers of two up to the topology's devices)
-  --batch N          samples per replica per step (default: 128)
-  --bucket-mb X      gradient bucket cap in MiB (default: 25, as PyTorch DDP)
-  --out FILE         where to write the JSON (default: target/bench/scaling-model.json)
+    "  --topology NAME [--model M] [--replicas 1,2,4] [--batch N] [--bucket-mb X] [--out FILE]
+                     modelled: a preset (dgx-h100, dgx-a100, 4xv100-nvlink, ib-<N>node, ...)
+  --validate [--ablate NAME] [--quick] [--out FILE]
+                     every check of the model, this machine measured now; exit 1 when one
+                     is outside its band (--ablate no-comm, double-bandwidth, ...: must fail)
+  [--quick] [--replicas 1,2,4] [--out FILE]
+                     measured mode (without --topology or --validate)
+  (`cargo xtask scaling --help` describes every flag)
 ";
 
 /// The model whose per-layer backward timings are measured here rather than cited.
@@ -44,6 +49,72 @@ pub const MEASURED_MODEL: &str = "mnist-mlp";
 /// The default samples per replica: the seed's 128 per GPU.
 pub const DEFAULT_BATCH: usize = 128;
 
+/// `cargo xtask scaling` flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask scaling",
+    about = "Scaling: measured here (default), modelled on a --topology, or the model checked \
+             (--validate)"
+)]
+struct Args {
+    /// Model this machine: dgx-h100, dgx-a100, 4xv100-nvlink, 2gpu-nvlink-bridge,
+    /// 8gpu-pcie4, 8gpu-pcie5, ib-<N>node, dgx1-v100, 2gpu-pcie4, 2gpu-pcie3,
+    /// p100-25gbe-<N>node.
+    #[arg(long, conflicts_with_all = ["validate", "quick"])]
+    topology: Option<String>,
+    /// The network (modelled mode): resnet50 (default), resnet101, resnet152, vgg16,
+    /// inception3, unet3d, mnist-cnn, or mnist-mlp (per-layer timings measured here).
+    #[arg(long, requires = "topology")]
+    model: Option<String>,
+    /// Replica counts, comma-separated (modelled: default powers of two up to the
+    /// topology's devices; measured: default 1,2,4,8).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4096),
+          conflicts_with = "validate")]
+    replicas: Option<Vec<u64>>,
+    /// Samples per replica per step (modelled mode; default 128).
+    #[arg(long, requires = "topology", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    batch: Option<u64>,
+    /// Gradient bucket cap in MiB, up to 1024 (modelled mode; default: mirra-strategy's,
+    /// 25 MiB as PyTorch DDP).
+    #[arg(long, requires = "topology", value_parser = bucket_bytes)]
+    bucket_mb: Option<usize>,
+    /// Check the model: every check, predicted against published; exit 1 when one is
+    /// outside its band.
+    #[arg(long)]
+    validate: bool,
+    /// With --validate: check this variant of the model instead (none, no-comm,
+    /// double-bandwidth, no-latency, no-overlap, single-copy, no-core-sharing).
+    #[arg(long, requires = "validate", value_parser = ablation)]
+    ablate: Option<Ablation>,
+    /// Fewer, shorter repeats (measured mode, and the host measurement of --validate).
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the JSON (default: target/bench/scaling-model.json,
+    /// scaling-validate.json or scaling-measured.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `--bucket-mb`: a size in MiB, more than 0 and at most 1024, as bytes (at least 1).
+fn bucket_bytes(v: &str) -> Result<usize, String> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|mb| mb.is_finite() && *mb > 0.0 && *mb <= 1024.0)
+        .map(|mb| ((mb * (1u64 << 20) as f64).round() as usize).max(1))
+        .ok_or_else(|| format!("a size in MiB above 0 and up to 1024, got `{v}`"))
+}
+
+/// `--ablate`: an ablation's name.
+fn ablation(v: &str) -> Result<Ablation, String> {
+    Ablation::parse(v).map_err(|e| e.to_string())
+}
+
+fn usage_error(message: impl std::fmt::Display) -> Failure {
+    Failure::usage(format!("xtask scaling: {message}"))
+}
+
+/// The options of the modelled mode.
 #[derive(Debug, PartialEq)]
 struct Options {
     topology: Option<String>,
@@ -54,74 +125,20 @@ struct Options {
     out: Option<PathBuf>,
 }
 
-fn usage_error(message: impl std::fmt::Display) -> Failure {
-    Failure::usage(format!("xtask scaling: {message}"))
-}
-
-fn positive(flag: &str, v: &str) -> Result<usize, Failure> {
-    v.trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| {
-            usage_error(format!(
-                "{flag} takes a whole number of at least 1, got `{v}`"
-            ))
-        })
-}
-
-fn parse(args: &[String]) -> Result<Options, Failure> {
-    let mut o = Options {
-        topology: None,
-        model: MODELS[0].to_string(),
-        replicas: None,
-        batch: DEFAULT_BATCH,
-        bucket_bytes: DEFAULT_BUCKET_BYTES,
-        out: None,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |flag: &str| flags::value("scaling", flag, &mut it);
-        match arg.as_str() {
-            "--topology" => o.topology = Some(value("--topology")?),
-            "--model" => o.model = value("--model")?,
-            "--replicas" => {
-                let list = value("--replicas")?;
-                let counts = list
-                    .split(',')
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| positive("--replicas", s))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if counts.is_empty() {
-                    return Err(usage_error("--replicas needs a comma-separated list"));
-                }
-                o.replicas = Some(counts);
-            }
-            "--batch" => o.batch = positive("--batch", &value("--batch")?)?,
-            "--bucket-mb" => {
-                let v = value("--bucket-mb")?;
-                let bytes = v
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|mb| mb.is_finite() && *mb > 0.0 && *mb <= 1024.0)
-                    .map(|mb| ((mb * (1u64 << 20) as f64).round() as usize).max(1))
-                    .ok_or_else(|| {
-                        usage_error(format!(
-                            "--bucket-mb takes a size in MiB up to 1024, got `{v}`"
-                        ))
-                    })?;
-                o.bucket_bytes = bytes;
-            }
-            "--out" => o.out = Some(PathBuf::from(value("--out")?)),
-            other => {
-                return Err(usage_error(format!(
-                    "unknown flag `{other}`\n\nflags:\n{FLAGS_HELP}"
-                )))
-            }
+impl Options {
+    fn from_args(a: &Args) -> Options {
+        Options {
+            topology: a.topology.clone(),
+            model: a.model.clone().unwrap_or_else(|| MODELS[0].to_string()),
+            replicas: a
+                .replicas
+                .as_ref()
+                .map(|r| r.iter().map(|&n| n as usize).collect()),
+            batch: a.batch.map_or(DEFAULT_BATCH, |b| b as usize),
+            bucket_bytes: a.bucket_mb.unwrap_or(DEFAULT_BUCKET_BYTES),
+            out: a.out.clone(),
         }
     }
-    Ok(o)
 }
 
 /// Powers of two up to the topology's devices.
@@ -134,7 +151,7 @@ pub(crate) fn default_replicas(devices: usize) -> Vec<usize> {
 /// The topology, model and replica counts the options name; anything they name wrongly is
 /// a usage error.
 fn resolve(o: &Options, topology: &str) -> Result<(Topology, ModelProfile, Vec<usize>), Failure> {
-    let topo = Topology::preset(topology).map_err(usage_error)?;
+    let topo = presets::build(topology).map_err(usage_error)?;
     let model = if o.model == MEASURED_MODEL {
         // The model at hand, timed layer by layer on this machine.
         crate::scaling_measured::mlp_profile(o.batch, 30).map_err(Failure::run)?
@@ -159,18 +176,28 @@ fn ms(s: f64) -> Value {
     num(s * 1e3, 4)
 }
 
-/// A check as `scaling-model.json` (and the report) records it.
+/// A check as `scaling-model.json` records it (a figure that is not finite, as an
+/// ablation's infinite bandwidth, is `null`).
 pub(crate) fn check_json(c: &Check) -> Value {
     json!({
         "name": c.name,
-        "predicted": num(c.predicted, 3),
-        "published": num(c.published, 3),
+        "predicted": num(c.predicted, 4),
+        "published": num(c.published, 4),
         "unit": c.unit,
-        "ratio": num(c.ratio(), 3),
-        "band": [num(c.band.0, 3), num(c.band.1, 3)],
+        "ratio": num(c.ratio(), 4),
+        "band": [num(c.band.0, 4), num(c.band.1, 4)],
         "within": c.within(),
         "source": c.source,
     })
+}
+
+/// A check with the ablations it rejects, as `scaling-validate.json` and the report record
+/// it: `flagged` when it rejects none.
+pub(crate) fn verdict_json(v: &Verdict) -> Value {
+    let mut value = check_json(&v.check);
+    value["rejects"] = json!(v.rejects.iter().map(|a| a.name()).collect::<Vec<_>>());
+    value["flagged"] = json!(v.flagged());
+    value
 }
 
 /// The JSON of a prediction on one topology (`scaling-model.json`).
@@ -179,7 +206,7 @@ pub(crate) fn report(
     model: &ModelProfile,
     p: &Prediction,
     checks: &[Check],
-    seed: &checks::SeedCheck,
+    seed: &SeedCheck,
     args: &[String],
 ) -> Value {
     let rows: Vec<Value> = p
@@ -349,48 +376,244 @@ fn lines(topo: &Topology, model: &ModelProfile, p: &Prediction, checks: &[Check]
         "# checks (predicted / published must lie in the band; docs/SCALING.md says why)".into(),
     );
     for ch in checks {
+        l.push(format!("#   {}", check_line(ch)));
+    }
+    l.push(
+        "#   (`cargo xtask scaling --validate`: with this machine, and what each rejects)".into(),
+    );
+    l
+}
+
+/// A check in one line: predicted against published, the ratio and its band, and whether
+/// it holds.
+pub(crate) fn check_line(c: &Check) -> String {
+    let figure = |v: f64| {
+        if v.abs() >= 100.0 || v == 0.0 {
+            cell(v, 1)
+        } else {
+            format!("{v:.4}")
+        }
+    };
+    let unit = if c.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", c.unit)
+    };
+    format!(
+        "{}: {} vs {}{unit}, ratio {:.3}, band [{:.3}, {:.3}]  {}",
+        c.name,
+        figure(c.predicted),
+        figure(c.published),
+        c.ratio(),
+        c.band.0,
+        c.band.1,
+        if c.within() { "ok" } else { "MISSED" }
+    )
+}
+
+/// What a check rejects, in words, or the flag when it rejects nothing.
+pub(crate) fn rejects_line(v: &Verdict) -> String {
+    if v.flagged() {
+        "FLAG: rejects no ablation (a wrong model passes it too)".into()
+    } else {
+        format!(
+            "rejects {}",
+            v.rejects
+                .iter()
+                .map(|a| a.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+/// `cargo xtask scaling --validate [--ablate NAME]`.
+fn validate(a: &Args, args: &[String]) -> Result<(), Failure> {
+    let ablation = a.ablate.unwrap_or(Ablation::None);
+    let fail = |e: ScalingError| Failure::run(format!("xtask scaling --validate: {e}"));
+    println!(
+        "# scaling model validation: public figures, and this machine's mirrored training \
+         measured now{}",
+        if a.quick { " (quick)" } else { "" }
+    );
+    if ablation != Ablation::None {
+        println!(
+            "# ABLATED model: {} ({}): it must fall outside some band",
+            ablation.name(),
+            ablation.description()
+        );
+    }
+    let run = scaling_measured::measure_host(a.quick)?;
+    let inputs = Inputs {
+        bucket_bytes: DEFAULT_BUCKET_BYTES,
+        host: Some(run.clone()),
+    };
+    let verdicts = checks::validate(&inputs).map_err(fail)?;
+    let shown = if ablation == Ablation::None {
+        verdicts.iter().map(|v| v.check.clone()).collect()
+    } else {
+        checks::suite(&inputs, ablation).map_err(fail)?
+    };
+    println!("# predicted vs published: the ratio must lie in the band (docs/SCALING.md says why)");
+    for (v, c) in verdicts.iter().zip(&shown) {
+        println!("  {}", check_line(c));
+        println!("      {}; {}", c.source, rejects_line(v));
+    }
+    let host = host_summary(&run, ablation).map_err(fail)?;
+    for line in host_lines(&run, &host) {
+        println!("{line}");
+    }
+    let missed: Vec<&Check> = shown.iter().filter(|c| !c.within()).collect();
+    let flagged = verdicts.iter().filter(|v| v.flagged()).count();
+    println!(
+        "# {} checks: {} within their band, {} outside; {flagged} reject no ablation (flagged)",
+        shown.len(),
+        shown.len() - missed.len(),
+        missed.len()
+    );
+    let value = json!({
+        "schema": "mirra-scaling-validate/1",
+        "command": format!("cargo xtask scaling {}", args.join(" ")).trim_end(),
+        "machine": crate::machine::facts(),
+        "ablation": ablation.name(),
+        "passed": missed.is_empty(),
+        "checks": verdicts.iter().map(verdict_json).collect::<Vec<_>>(),
+        "ablated_checks": (ablation != Ablation::None)
+            .then(|| shown.iter().map(check_json).collect::<Vec<_>>()),
+        "host": host_json(&run, &host),
+    });
+    save(
+        &bench_file(a.out.as_deref(), "scaling-validate.json"),
+        &value,
+        None,
+    )?;
+    if missed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::run(format!(
+            "xtask scaling --validate{}: {} of {} checks outside their band: {}",
+            if ablation == Ablation::None {
+                String::new()
+            } else {
+                format!(" --ablate {}", ablation.name())
+            },
+            missed.len(),
+            shown.len(),
+            missed
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )))
+    }
+}
+
+/// The host model at each checked replica count: `(replicas, prediction, measured
+/// efficiency)`.
+type HostSummary = Vec<(usize, mirra_scaling::host::HostPrediction, f64)>;
+
+fn host_summary(run: &checks::HostRun, ablation: Ablation) -> Result<HostSummary, ScalingError> {
+    run.efficiency
+        .iter()
+        .map(|&(n, measured)| Ok((n, run.measurements.predict(n, ablation)?, measured)))
+        .collect()
+}
+
+fn host_lines(run: &checks::HostRun, host: &HostSummary) -> Vec<String> {
+    let m = &run.measurements;
+    let mut l =
+        vec![
+            format!("# host model ({})", run.source),
+            format!(
+            "#   inputs: {} cores, {:.2} usable at once now; copy GB/s by threads {}; one-replica \
+             step by kernel threads {}; 4 KiB ring all-reduce {}",
+            m.cores,
+            m.parallel_cores,
+            m.copy_gbs.iter().map(|g| format!("{g:.1}")).collect::<Vec<_>>().join(" / "),
+            m.steps
+                .iter()
+                .map(|p| format!("{:.0} us", p.compute_s() * 1e6))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            m.sync
+                .iter()
+                .map(|s| format!("{:.1} us at {}", s.seconds * 1e6, s.ranks))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        ];
+    for (n, p, measured) in host {
         l.push(format!(
-            "#   {}: {} vs {} {}, ratio {:.3}, band [{:.2}, {:.2}]  {}",
-            ch.name,
-            cell(ch.predicted, 2),
-            cell(ch.published, 2),
-            ch.unit,
-            ch.ratio(),
-            ch.band.0,
-            ch.band.1,
-            if ch.within() { "ok" } else { "MISSED" }
+            "#   {n} replicas: predicted efficiency {:.3} (step {:.0} us, {} thread(s) each, \
+             stretch {:.1}, all-reduce {:.0} us) against {measured:.3} measured: error {:+.1}% \
+             (target within 25%)",
+            p.efficiency,
+            p.step_s * 1e6,
+            p.threads_per_replica,
+            p.stretch,
+            p.comm_s * 1e6,
+            100.0 * (p.efficiency / measured - 1.0)
         ));
     }
     l
 }
 
-/// The checks against public figures, then this machine's CPU collectives as
-/// docs/COLLECTIVES.md measured them (2 cores).
-pub(crate) fn all_checks() -> Result<Vec<Check>, ScalingError> {
-    let mut checks = checks::public_figures()?;
-    for m in &checks::COLLECTIVES_MD_RING {
-        checks.push(checks::host_ring(m, 2)?);
+fn host_json(run: &checks::HostRun, host: &HostSummary) -> Value {
+    let m = &run.measurements;
+    json!({
+        "source": run.source,
+        "cores": m.cores,
+        "parallel_cores": num(m.parallel_cores, 3),
+        "bucket_bytes": m.bucket_bytes,
+        "copy_gbs_by_threads": m.copy_gbs.iter().map(|g| num(*g, 3)).collect::<Vec<_>>(),
+        "one_replica_step_us_by_threads": m.steps.iter()
+            .map(|p| num(p.compute_s() * 1e6, 2)).collect::<Vec<_>>(),
+        "sync": m.sync.iter().map(|s| json!({
+            "ranks": s.ranks, "bytes": s.bytes, "us": num(s.seconds * 1e6, 2),
+        })).collect::<Vec<_>>(),
+        "predictions": host.iter().map(|(n, p, measured)| json!({
+            "replicas": n,
+            "predicted_efficiency": num(p.efficiency, 4),
+            "measured_efficiency": num(*measured, 4),
+            "error": num(p.efficiency / measured - 1.0, 4),
+            "within_25_percent": (p.efficiency / measured - 1.0).abs() <= 0.25,
+            "step_us": num(p.step_s * 1e6, 2),
+            "comm_us": num(p.comm_s * 1e6, 2),
+            "threads_per_replica": p.threads_per_replica,
+            "stretch": num(p.stretch, 3),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The inputs of the checks of public figures alone (no host measurement).
+pub(crate) fn public_inputs() -> Inputs {
+    Inputs {
+        bucket_bytes: DEFAULT_BUCKET_BYTES,
+        host: None,
     }
-    Ok(checks)
 }
 
 /// Runs `cargo xtask scaling` with the flags after the command name.
 pub fn run(args: &[String]) -> Result<(), Failure> {
-    if !args.iter().any(|a| a == "--topology") {
-        return crate::scaling_measured::run(args);
+    let Some(a) = cli::parse::<Args>("xtask scaling", args)? else {
+        return Ok(());
+    };
+    if a.validate {
+        return validate(&a, args);
     }
-    let o = parse(args)?;
+    let o = Options::from_args(&a);
     let Some(name) = o.topology.as_deref() else {
-        return Err(usage_error(format!(
-            "--topology needs one of {}, ib-<N>node up to {MAX_IB_NODES}",
-            presets::NAMES.join(", ")
-        )));
+        return scaling_measured::run(&scaling_measured::Options::new(
+            a.quick,
+            o.replicas.clone(),
+            o.out.clone(),
+        ));
     };
     let (topo, model, replicas) = resolve(&o, name)?;
     let fail = |e: ScalingError| Failure::run(format!("xtask scaling: {e}"));
     let p = predict::predict(&topo, &model, &replicas, o.bucket_bytes).map_err(fail)?;
-    let checks = all_checks().map_err(fail)?;
-    let seed = checks::seed_check().map_err(fail)?;
+    let checks = checks::suite(&public_inputs(), Ablation::None).map_err(fail)?;
+    let seed = checks::seed_check(DEFAULT_BUCKET_BYTES, Ablation::None).map_err(fail)?;
     for line in lines(&topo, &model, &p, &checks) {
         println!("{line}");
     }
@@ -410,6 +633,11 @@ mod tests {
 
     use crate::flags::args;
 
+    fn parse(flags: &[&str]) -> Result<Options, Failure> {
+        let a = cli::parse::<Args>("xtask scaling", &args(flags))?.expect("not --help");
+        Ok(Options::from_args(&a))
+    }
+
     #[test]
     fn flags_parse_and_bad_ones_are_usage_errors() {
         let o = parse(&[]).unwrap();
@@ -417,8 +645,8 @@ mod tests {
             (o.topology, o.model.as_str(), o.batch),
             (None, "resnet50", 128)
         );
-        assert_eq!(o.bucket_bytes, 25 << 20);
-        let o = parse(&args(&[
+        assert_eq!(o.bucket_bytes, DEFAULT_BUCKET_BYTES);
+        let o = parse(&[
             "--topology",
             "dgx-h100",
             "--replicas",
@@ -427,35 +655,59 @@ mod tests {
             "0.5",
             "--batch",
             "64",
-        ]))
+        ])
         .unwrap();
         assert_eq!(o.replicas, Some(vec![1, 2, 4, 8]));
         assert_eq!((o.bucket_bytes, o.batch), (1 << 19, 64));
+        let a = cli::parse::<Args>("x", &args(&["--validate", "--ablate", "no-comm"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((a.validate, a.ablate), (true, Some(Ablation::NoComm)));
         for bad in [
             &["--replicas", "0"][..],
             &["--replicas", "two"],
             &["--replicas", ","],
-            &["--bucket-mb", "0"],
-            &["--bucket-mb", "-1"],
-            &["--bucket-mb", "2000"],
-            &["--batch", "0"],
+            &["--topology", "dgx-h100", "--bucket-mb", "0"],
+            &["--topology", "dgx-h100", "--bucket-mb", "-1"],
+            &["--topology", "dgx-h100", "--bucket-mb", "2000"],
+            &["--topology", "dgx-h100", "--batch", "0"],
             &["--topology"],
             &["--bogus"],
+            // Flags of one mode in another.
+            &["--model", "resnet50"],
+            &["--batch", "8"],
+            &["--topology", "dgx-h100", "--quick"],
+            &["--topology", "dgx-h100", "--validate"],
+            &["--ablate", "no-comm"],
+            &["--validate", "--replicas", "2"],
+            &["--validate", "--ablate", "half-bandwidth"],
         ] {
-            assert_eq!(parse(&args(bad)).unwrap_err().code, 2, "{bad:?}");
+            let e = parse(bad).unwrap_err();
+            assert_eq!(e.code, 2, "{bad:?}");
         }
+        let e = parse(&["--validate", "--ablate", "half-bandwidth"]).unwrap_err();
+        assert!(
+            e.message
+                .contains("unknown ablation `half-bandwidth`; known: none, no-comm"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
     fn unknown_names_and_replicas_that_do_not_fit_are_one_line_usage_errors() {
         for (flags, says) in [
             (
-                &["--topology", "dgx-a100"][..],
-                "unknown topology `dgx-a100`",
+                &["--topology", "dgx-b200"][..],
+                "unknown topology `dgx-b200`",
             ),
             (
                 &["--topology", "dgx-h100", "--model", "bert"],
                 "unknown model `bert`",
+            ),
+            (
+                &["--topology", "dgx-h100", "--model", "vgg16"],
+                "no cited vgg16 throughput for device H100",
             ),
             (
                 &["--topology", "dgx-h100", "--replicas", "1,16"],
@@ -467,10 +719,6 @@ mod tests {
             assert!(e.message.contains(says), "{}", e.message);
             assert_eq!(e.message.lines().count(), 1, "{}", e.message);
         }
-        // No topology: the measured mode, with its own flags.
-        let e = run(&args(&["--model", "resnet50"])).unwrap_err();
-        assert_eq!(e.code, 2);
-        assert!(e.message.contains("(measured mode)"), "{}", e.message);
         assert_eq!(default_replicas(16), [1, 2, 4, 8, 16]);
         assert_eq!(default_replicas(2), [1, 2]);
     }
@@ -497,8 +745,53 @@ mod tests {
         assert_eq!(v["seed_check"]["published_speedup"], 3.6);
         assert!(v["seed_check"]["predicted_speedup"].as_f64().unwrap() >= 3.6);
         let checks = v["checks"].as_array().unwrap();
-        assert_eq!(checks.len(), 8);
+        assert_eq!(checks.len(), 17);
         assert!(checks.iter().all(|c| c["within"] == true));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn check_lines_say_what_holds_and_what_each_check_rejects() {
+        let c = Check {
+            name: "x".into(),
+            predicted: 3.0,
+            published: 2.0,
+            unit: "us",
+            band: (0.5, 2.0),
+            source: "s".into(),
+        };
+        assert_eq!(
+            check_line(&c),
+            "x: 3.0000 vs 2.0000 us, ratio 1.500, band [0.500, 2.000]  ok"
+        );
+        let out = Check {
+            predicted: 5.0,
+            ..c.clone()
+        };
+        assert!(check_line(&out).ends_with("MISSED"));
+        let unitless = Check {
+            unit: "",
+            ..c.clone()
+        };
+        assert!(check_line(&unitless).starts_with("x: 3.0000 vs 2.0000, ratio"));
+        let v = Verdict {
+            check: c.clone(),
+            rejects: vec![Ablation::NoComm, Ablation::NoLatency],
+        };
+        assert_eq!(rejects_line(&v), "rejects no-comm, no-latency");
+        assert_eq!(verdict_json(&v)["flagged"], false);
+        let none = Verdict {
+            check: c,
+            rejects: vec![],
+        };
+        assert!(rejects_line(&none).starts_with("FLAG"));
+        assert_eq!(verdict_json(&none)["flagged"], true);
+        // An ablation's infinite bandwidth is written as null, not as a number.
+        let inf = Check {
+            predicted: f64::INFINITY,
+            ..out
+        };
+        assert_eq!(check_json(&inf)["predicted"], Value::Null);
+        assert_eq!(check_json(&inf)["within"], false);
     }
 }

@@ -7,27 +7,36 @@
 //! per step; the collective benchmark (a quick `bench-collectives` sweep); and the MLP's
 //! per-layer backward timings on this machine, the profile the scaling model uses for
 //! "the model at hand". Everything lands in `target/bench/scaling-measured.json`.
+//!
+//! [`measure_host`] measures what the host model of `mirra-scaling` takes (cores, copy rates
+//! per thread count, the one-replica step per kernel-thread count, small all-reduces) and
+//! the scaling it predicts, for `cargo xtask scaling --validate`.
 
+use std::hint::black_box;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 use mirra::autograd::Tape;
-use mirra::collectives::BACKENDS;
+use mirra::collectives::{Config, BACKENDS};
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use mirra::nn::{Loss, Reduction};
-use mirra::strategy::{MirroredStrategy, StrategyConfig};
+use mirra::strategy::{MirroredStrategy, StrategyConfig, DEFAULT_BUCKET_BYTES};
 use mirra::tensor::init::rng;
 use mirra::tensor::{num_threads, set_num_threads};
+use mirra_scaling::checks::HostRun;
+use mirra_scaling::host::{HostMeasurements, SyncSample};
 use mirra_scaling::profile::LayerProfile;
 use mirra_scaling::ModelProfile;
 use serde_json::{json, Value};
 
 use crate::bench_mirrored::{plan, throughput};
 use crate::json::{num, save};
+use crate::nccl::Op;
 use crate::paths::{bench_file, target_dir, workspace_root};
-use crate::timing::median;
-use crate::{bench_collectives, flags, machine, mlp, Failure};
+use crate::ranks::{Group, Job};
+use crate::timing::{median, Plan};
+use crate::{bench_collectives, machine, mlp, Failure};
 
 /// Samples per replica of the measured rows.
 pub const PER_REPLICA_BATCH: usize = 64;
@@ -35,12 +44,14 @@ pub const PER_REPLICA_BATCH: usize = 64;
 /// which is the point of measuring it).
 pub const REPLICAS: [usize; 4] = [1, 2, 4, 8];
 
-/// The flags of the measured mode, for the usage message.
-pub const FLAGS_HELP: &str = "  (measured mode, without --topology)
-  --quick            fewer, shorter repeats and a small collectives sweep
-  --replicas 1,2,4   replica counts (default: 1,2,4,8)
-  --out FILE         where to write the JSON (default: target/bench/scaling-measured.json)
-";
+/// The replica counts the host model is checked at (issue 13: "at 2 and 4 ranks").
+pub const HOST_REPLICAS: [usize; 2] = [2, 4];
+
+/// The collective the host model models and its check measures: the strategy's default.
+pub const HOST_COLLECTIVE: &str = "ring";
+
+/// The message of the small all-reduces that give the host model its synchronisation cost.
+pub const SYNC_BYTES: usize = 4 << 10;
 
 /// The MLP's profile on this machine: forward time and each layer's backward time (from
 /// the moments backward hands out each gradient), medians over `reps` steps.
@@ -127,44 +138,34 @@ pub fn mlp_profile(batch: usize, reps: usize) -> Result<ModelProfile, String> {
     .map_err(|e| e.to_string())
 }
 
-#[derive(Debug)]
-struct Options {
-    quick: bool,
-    replicas: Vec<usize>,
-    out: Option<PathBuf>,
+/// What the measured mode measures and where it writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// Fewer, shorter repeats and a small collectives sweep.
+    pub quick: bool,
+    /// Replica counts (1 is always measured: the efficiencies divide by it).
+    pub replicas: Vec<usize>,
+    /// Where to write the JSON (default: `target/bench/scaling-measured.json`).
+    pub out: Option<PathBuf>,
 }
 
-fn parse(args: &[String]) -> Result<Options, Failure> {
-    let mut o = Options {
-        quick: false,
-        replicas: REPLICAS.to_vec(),
-        out: None,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |flag: &str| flags::value("scaling", flag, &mut it);
-        match arg.as_str() {
-            "--quick" => o.quick = true,
-            "--out" => o.out = Some(PathBuf::from(value("--out")?)),
-            "--replicas" => {
-                o.replicas = flags::counts("scaling", "--replicas", &value("--replicas")?)?;
-                if !o.replicas.contains(&1) {
-                    o.replicas.insert(0, 1);
-                }
-            }
-            other => {
-                return Err(Failure::usage(format!(
-                    "xtask scaling: unknown flag `{other}` (measured mode)\n\nflags:\n{FLAGS_HELP}"
-                )))
-            }
+impl Options {
+    /// The options of `cargo xtask scaling [--quick]`.
+    pub fn new(quick: bool, replicas: Option<Vec<usize>>, out: Option<PathBuf>) -> Options {
+        let mut replicas = replicas.unwrap_or_else(|| REPLICAS.to_vec());
+        if !replicas.contains(&1) {
+            replicas.insert(0, 1);
+        }
+        Options {
+            quick,
+            replicas,
+            out,
         }
     }
-    Ok(o)
 }
 
 /// The measured mode.
-pub fn run(args: &[String]) -> Result<(), Failure> {
-    let o = parse(args)?;
+pub fn run(o: &Options) -> Result<(), Failure> {
     let started = Instant::now();
     let root = workspace_root();
     let target = target_dir(&root);
@@ -203,12 +204,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         };
         for backend in backends {
             let config = StrategyConfig::cpu(replicas).with_collective(backend);
-            let strategy = Arc::new(
-                MirroredStrategy::new(config)
-                    .map_err(|e| Failure::run(format!("xtask scaling: {e}")))?,
-            );
+            let (sps, stats) = training(config, plan)?;
             let batch = PER_REPLICA_BATCH * replicas;
-            let (sps, stats) = throughput(Some(strategy), batch, plan).map_err(Failure::run)?;
             let exposed = stats.exposed_fraction();
             let base = *single.get_or_insert(sps);
             let step_s = batch as f64 / sps;
@@ -258,6 +255,244 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Samples/s of the mirrored MLP at 64 per replica under `config`, and where its
+/// distributed steps' time went.
+fn training(config: StrategyConfig, plan: Plan) -> Result<(f64, mirra::train::CommStats), Failure> {
+    let batch = PER_REPLICA_BATCH * config.replicas;
+    let strategy = Arc::new(
+        MirroredStrategy::new(config).map_err(|e| Failure::run(format!("xtask scaling: {e}")))?,
+    );
+    throughput(Some(strategy), batch, plan).map_err(Failure::run)
+}
+
+/// Bytes each thread copies per measurement of [`copy_rate`]: enough repeats of a small
+/// buffer to outlast the thread starts by far.
+const COPY_VOLUME: usize = 64 << 20;
+
+/// GB/s (bytes counted once, summed over threads) of `threads` threads at once, each
+/// copying its own `bytes`-long buffer into another over and over, as the ranks of a
+/// collective work on their own buffers (in cache when they fit): the threads start
+/// together after a barrier, and the slowest one's time counts.
+fn copy_rate(bytes: usize, threads: usize) -> f64 {
+    let bytes = bytes.max(4096);
+    let rounds = (COPY_VOLUME / bytes).max(4);
+    let barrier = Barrier::new(threads);
+    let slowest = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let src = vec![1u8; bytes];
+                    let mut dst = vec![0u8; bytes];
+                    dst.copy_from_slice(&src);
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    for _ in 0..rounds {
+                        dst.copy_from_slice(black_box(&src));
+                        black_box(&mut dst);
+                    }
+                    t0.elapsed().as_secs_f64()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or(f64::NAN))
+            .fold(0.0, f64::max)
+    });
+    (threads * bytes * rounds) as f64 / slowest / 1e9
+}
+
+/// Multiply-adds of integer arithmetic per thread per measurement of [`parallel_cores`]:
+/// about 60 ms of one core, long enough to see how the scheduler shares the cores over
+/// several of its periods rather than in one burst.
+const SPIN_ITERS: u64 = 120_000_000;
+
+/// Lock steps of [`spin_s`]: the work is cut into this many pieces, with a barrier after
+/// each, as replicas meet at every step's all-reduce.
+const SPIN_STEPS: u64 = 60;
+
+/// How long `threads` threads take, started together, to each run [`SPIN_ITERS`] steps of
+/// a dependent chain of integer arithmetic (no memory traffic) in [`SPIN_STEPS`] lock steps,
+/// so that the slowest thread of each step holds the others up, as a straggling replica
+/// does: the slowest one's seconds.
+fn spin_s(threads: usize) -> f64 {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|i| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    let mut x = black_box(i as u64 + 1);
+                    for piece in 0..SPIN_STEPS {
+                        for step in 0..SPIN_ITERS / SPIN_STEPS {
+                            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(step);
+                        }
+                        black_box(x);
+                        if piece + 1 < SPIN_STEPS {
+                            barrier.wait();
+                        }
+                    }
+                    t0.elapsed().as_secs_f64()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or(f64::INFINITY))
+            .fold(0.0, f64::max)
+    })
+}
+
+/// How many of `cores` cores this process can use at once now: `cores` threads of pure
+/// arithmetic in lock step against one, `cores x T(1) / T(cores)`, between 1 and `cores`.
+/// On an idle machine it is `cores`; other work, or a CPU quota, leaves fewer.
+fn parallel_cores(cores: usize) -> f64 {
+    let one = spin_s(1);
+    let all = spin_s(cores);
+    (cores as f64 * one / all).clamp(1.0, cores as f64)
+}
+
+/// One round of the host measurements.
+struct HostRound {
+    /// The cores usable at once.
+    parallel: f64,
+    /// Samples/s at 1 and at each of [`HOST_REPLICAS`].
+    training: Vec<(usize, f64)>,
+    /// One-replica steps by kernel threads, seconds.
+    steps: Vec<f64>,
+    /// Per-layer profiles by kernel threads.
+    profiles: Vec<ModelProfile>,
+    copy_gbs: Vec<f64>,
+    sync_s: Vec<(usize, f64)>,
+}
+
+fn host_round(cores: usize, bucket_bytes: usize, quick: bool) -> Result<HostRound, Failure> {
+    let plan = plan(quick);
+    let parallel = parallel_cores(cores);
+    let mut training_rates = vec![];
+    for replicas in std::iter::once(1).chain(HOST_REPLICAS) {
+        let config = StrategyConfig::cpu(replicas).with_collective(HOST_COLLECTIVE);
+        training_rates.push((replicas, training(config, plan)?.0));
+    }
+    let mut steps = vec![];
+    let mut profiles = vec![];
+    for k in 1..=cores {
+        let one = StrategyConfig::cpu(1)
+            .with_collective(HOST_COLLECTIVE)
+            .with_threads_per_replica(k);
+        let (sps, _) = training(one, plan)?;
+        steps.push(PER_REPLICA_BATCH as f64 / sps);
+        set_num_threads(k);
+        profiles.push(
+            mlp_profile(PER_REPLICA_BATCH, if quick { 10 } else { 30 }).map_err(Failure::run)?,
+        );
+    }
+    set_num_threads(cores);
+    // The bucket the ring reduces: all of the MLP's gradients, or the strategy's cap.
+    let bucket = profiles[0].gradient_bytes().min(bucket_bytes);
+    let repeats = if quick { 5 } else { 9 };
+    let copy_gbs = (1..=cores)
+        .map(|t| {
+            median(
+                &(0..repeats)
+                    .map(|_| copy_rate(bucket, t))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let mut sync_s = vec![];
+    for ranks in HOST_REPLICAS {
+        let group =
+            Group::spawn(HOST_COLLECTIVE, ranks, Config::default()).map_err(Failure::run)?;
+        let job = Job {
+            op: Op::AllReduce,
+            count: SYNC_BYTES / 4,
+            warmup: 20,
+            iters: if quick { 200 } else { 1000 },
+        };
+        let outcome = group.run(job).map_err(Failure::run)?;
+        sync_s.push((ranks, median(&outcome.seconds)));
+    }
+    // Measured before and after the rest of the round, which takes a few seconds: the cores
+    // other work leaves free move.
+    Ok(HostRound {
+        parallel: 0.5 * (parallel + parallel_cores(cores)),
+        training: training_rates,
+        steps,
+        profiles,
+        copy_gbs,
+        sync_s,
+    })
+}
+
+/// Measures, in `rounds` interleaved rounds (medians over them), what the host model takes
+/// and the scaling it predicts: the mirrored MLP at 64 samples per replica on the `ring`.
+pub fn measure_host(quick: bool) -> Result<HostRun, Failure> {
+    let cores = machine::cores();
+    let bucket_bytes = DEFAULT_BUCKET_BYTES;
+    let rounds = if quick { 5 } else { 7 };
+    let started = Instant::now();
+    let all: Vec<HostRound> = (0..rounds)
+        .map(|_| host_round(cores, bucket_bytes, quick))
+        .collect::<Result<_, _>>()?;
+    let med = |f: &dyn Fn(&HostRound) -> f64| median(&all.iter().map(f).collect::<Vec<_>>());
+    let rate = |n: usize| {
+        med(&|r| {
+            r.training
+                .iter()
+                .find(|t| t.0 == n)
+                .map_or(f64::NAN, |t| t.1)
+        })
+    };
+    let one = rate(1);
+    let efficiency = HOST_REPLICAS
+        .iter()
+        .map(|&n| (n, rate(n) / (n as f64 * one)))
+        .collect();
+    let mut steps = vec![];
+    for k in 0..cores {
+        // The round whose step time is the median, with its per-layer profile.
+        let mut by_step: Vec<&HostRound> = all.iter().collect();
+        by_step.sort_by(|a, b| a.steps[k].total_cmp(&b.steps[k]));
+        let r = by_step[by_step.len() / 2];
+        let p = r.profiles[k].clone();
+        let update = (r.steps[k] - p.forward_s - p.backward_s()).max(0.0);
+        steps.push(
+            p.with_update(update)
+                .map_err(|e| Failure::run(e.to_string()))?,
+        );
+    }
+    let copy_gbs = (0..cores).map(|t| med(&|r| r.copy_gbs[t])).collect();
+    let sync = HOST_REPLICAS
+        .iter()
+        .enumerate()
+        .map(|(i, &ranks)| SyncSample {
+            ranks,
+            bytes: SYNC_BYTES,
+            seconds: med(&|r| r.sync_s[i].1),
+        })
+        .collect();
+    Ok(HostRun {
+        measurements: HostMeasurements {
+            cores,
+            parallel_cores: med(&|r| r.parallel),
+            bucket_bytes,
+            copy_gbs,
+            steps,
+            sync,
+        },
+        efficiency,
+        source: format!(
+            "measured now: {} ({cores} cores), {HOST_COLLECTIVE}, {PER_REPLICA_BATCH} per \
+             replica, medians of {rounds} rounds ({:.0} s)",
+            machine::cpu_model().unwrap_or_else(|| "this CPU".into()),
+            started.elapsed().as_secs_f64()
+        ),
+    })
+}
+
 /// A profile as JSON.
 pub fn profile_json(p: &ModelProfile) -> Value {
     json!({
@@ -270,4 +505,38 @@ pub fn profile_json(p: &ModelProfile) -> Value {
             "name": l.name, "params": l.params, "backward_s": l.backward_s,
         })).collect::<Vec<Value>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_replica_is_always_measured() {
+        let o = Options::new(true, Some(vec![2, 4]), None);
+        assert_eq!(o.replicas, [1, 2, 4]);
+        assert_eq!(Options::new(false, None, None).replicas, REPLICAS);
+        assert_eq!(Options::new(false, Some(vec![1, 8]), None).replicas, [1, 8]);
+    }
+
+    #[test]
+    fn usable_cores_lie_between_one_and_all() {
+        let cores = machine::cores();
+        let c = parallel_cores(cores);
+        assert!((1.0..=cores as f64).contains(&c), "{c} of {cores}");
+        assert!(spin_s(1) > 0.0);
+    }
+
+    #[test]
+    fn copy_rates_count_every_thread_s_bytes() {
+        for threads in [1, 2, 3] {
+            let gbs = copy_rate(64 << 10, threads);
+            assert!(
+                gbs.is_finite() && gbs > 0.05,
+                "{threads} threads: {gbs} GB/s"
+            );
+        }
+        // A buffer below a page is copied as a page.
+        assert!(copy_rate(1, 1).is_finite());
+    }
 }

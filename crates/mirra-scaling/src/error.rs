@@ -64,6 +64,21 @@ pub enum ScalingError {
         /// The device.
         device: String,
     },
+    /// No ablation of that name.
+    #[error("unknown ablation `{name}`; known: {known}")]
+    UnknownAblation {
+        /// The name asked for.
+        name: String,
+        /// The ablation names, comma-separated.
+        known: String,
+    },
+    /// A measurement of this host that the host model cannot use (a copy rate that is not a
+    /// positive number, no timing for a thread count it needs).
+    #[error("host measurement: {reason}")]
+    InvalidHostMeasurement {
+        /// What is wrong.
+        reason: String,
+    },
     /// A bucket cap or message size of zero bytes.
     #[error("{what} must be at least one byte")]
     ZeroBytes {

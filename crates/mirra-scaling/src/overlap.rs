@@ -2,25 +2,26 @@
 //! does it (`torch/csrc/distributed/c10d/reducer.cpp`; Li et al., VLDB 2020).
 //!
 //! Backward produces gradients last layer first. They are packed, in that order, into
-//! buckets of at least the cap (25 MiB by default; a layer larger than the cap gets a bucket
-//! of its own); a bucket's all-reduce starts as soon as its last gradient is ready, on one
-//! communication stream, so it also waits for the previous bucket's to finish. Compute and
-//! communication do not slow each other down. The step ends when both backward and the
-//! last all-reduce have finished:
+//! buckets of at least the cap (an input: DDP's 25 MiB, which mirra's reducer also uses, or
+//! Horovod's 64 MiB fusion buffer; a layer larger than the cap gets a bucket of its own); a
+//! bucket's all-reduce starts as soon as its last gradient is ready, on one communication
+//! stream, so it also waits for the previous bucket's to finish. Compute and communication
+//! do not slow each other down. The step ends when both backward and the last all-reduce
+//! have finished, and then the update runs:
 //!
 //! ```text
 //! ready_b = forward + backward of every layer from the last down to b's first
 //! start_b = max(ready_b, end_{b-1}),   end_b = start_b + allreduce(bytes_b)
-//! step    = max(compute, end_last),    exposed = step - compute
+//! step    = max(forward + backward, end_last) + update,    exposed = step - compute
 //! ```
+//!
+//! Under [`Ablation::NoOverlap`] every bucket is ready only when backward has finished.
 
 use std::ops::Range;
 
+use crate::ablation::Ablation;
 use crate::profile::ModelProfile;
 use crate::{Result, ScalingError};
-
-/// DDP's default bucket cap: 25 MiB (`bucket_cap_mb=25`).
-pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 
 /// One bucket's place in the step.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,23 +74,30 @@ pub fn buckets(profile: &ModelProfile, cap_bytes: usize) -> Result<Vec<(Range<us
 }
 
 /// Simulates one step of `profile` whose all-reduce of `bytes` takes `all_reduce_s(bytes)`
-/// seconds (0 for a single replica).
+/// seconds (0 for a single replica), overlapped with backward unless `ablation` is
+/// [`Ablation::NoOverlap`].
 pub fn simulate(
     profile: &ModelProfile,
     cap_bytes: usize,
     all_reduce_s: impl Fn(usize) -> f64,
+    ablation: Ablation,
 ) -> Result<Overlap> {
     let compute_s = profile.compute_s();
+    let backward_end_s = profile.forward_s + profile.backward_s();
     let mut free_at = 0.0f64;
     let mut comm_s = 0.0;
     let mut out = Vec::new();
     for (layers, bytes) in buckets(profile, cap_bytes)? {
         // Backward has run from the last layer down to this bucket's first.
-        let ready_s = profile.forward_s
-            + profile.layers[layers.start..]
-                .iter()
-                .map(|l| l.backward_s)
-                .sum::<f64>();
+        let ready_s = if ablation == Ablation::NoOverlap {
+            backward_end_s
+        } else {
+            profile.forward_s
+                + profile.layers[layers.start..]
+                    .iter()
+                    .map(|l| l.backward_s)
+                    .sum::<f64>()
+        };
         let start_s = ready_s.max(free_at);
         let t = all_reduce_s(bytes);
         free_at = start_s + t;
@@ -102,7 +110,7 @@ pub fn simulate(
             end_s: free_at,
         });
     }
-    let step_s = compute_s.max(free_at);
+    let step_s = backward_end_s.max(free_at) + profile.update_s;
     Ok(Overlap {
         compute_s,
         step_s,
@@ -148,7 +156,7 @@ mod tests {
         let m = four();
         // 5 ms per bucket: the first (ready at 40 ms) ends at 45 ms, under backward; the
         // last is ready when backward ends (60 ms) and is exposed.
-        let o = simulate(&m, 2 << 20, |_| 0.005).unwrap();
+        let o = simulate(&m, 2 << 20, |_| 0.005, Ablation::None).unwrap();
         assert!((o.compute_s - 0.060).abs() < 1e-12);
         assert!((o.buckets[0].ready_s - 0.040).abs() < 1e-12);
         assert!((o.buckets[1].start_s - 0.060).abs() < 1e-12);
@@ -156,11 +164,32 @@ mod tests {
         assert!((o.exposed_s - 0.005).abs() < 1e-12);
         assert!((o.comm_s - 0.010).abs() < 1e-12);
         // 30 ms per bucket: the second waits for the first (40 + 30 = 70 ms).
-        let o = simulate(&m, 2 << 20, |_| 0.030).unwrap();
+        let o = simulate(&m, 2 << 20, |_| 0.030, Ablation::None).unwrap();
         assert!((o.buckets[1].start_s - 0.070).abs() < 1e-12);
         assert!((o.step_s - 0.100).abs() < 1e-12);
         // One replica: nothing to hide.
-        let o = simulate(&m, 2 << 20, |_| 0.0).unwrap();
+        let o = simulate(&m, 2 << 20, |_| 0.0, Ablation::None).unwrap();
         assert_eq!((o.step_s, o.exposed_s), (o.compute_s, 0.0));
+        // Other ablations leave the overlap alone.
+        let same = simulate(&m, 2 << 20, |_| 0.005, Ablation::NoLatency).unwrap();
+        assert!((same.step_s - 0.065).abs() < 1e-12);
+    }
+
+    #[test]
+    fn without_overlap_every_bucket_waits_for_backward() {
+        let m = four();
+        let o = simulate(&m, 2 << 20, |_| 0.005, Ablation::NoOverlap).unwrap();
+        assert!(o.buckets.iter().all(|b| (b.ready_s - 0.060).abs() < 1e-12));
+        assert!((o.step_s - 0.070).abs() < 1e-12);
+        assert!((o.exposed_s - 0.010).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_update_runs_after_the_last_all_reduce() {
+        let m = four().with_update(0.002).unwrap();
+        let o = simulate(&m, 2 << 20, |_| 0.005, Ablation::None).unwrap();
+        assert!((o.compute_s - 0.062).abs() < 1e-12);
+        assert!((o.step_s - 0.067).abs() < 1e-12);
+        assert!((o.exposed_s - 0.005).abs() < 1e-12);
     }
 }

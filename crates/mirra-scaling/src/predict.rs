@@ -6,13 +6,13 @@
 //! efficiency(N) = samples/s(N) / (N * samples/s(1)) = compute / step(N)
 //! ```
 
+use crate::ablation::Ablation;
 use crate::overlap::{self, Overlap};
 use crate::profile::ModelProfile;
-use crate::schedule::{Algorithm, Schedule};
+use crate::schedule::Schedule;
 use crate::topology::Topology;
+use crate::tuning::Algorithm;
 use crate::{Result, ScalingError};
-
-pub use crate::overlap::DEFAULT_BUCKET_BYTES;
 
 /// The smallest message of the crossover sweep.
 pub const SWEEP_MIN_BYTES: usize = 4 << 10;
@@ -99,16 +99,36 @@ pub struct Prediction {
     pub crossover: Crossover,
 }
 
-/// One step of `profile` with `algorithm` on `replicas` devices of `topology`.
+/// One step of `profile` with `algorithm` on `replicas` devices of `topology`, gradients in
+/// buckets of `bucket_bytes`, as the model variant `ablation` costs it.
 pub fn step(
     topology: &Topology,
     profile: &ModelProfile,
     algorithm: Algorithm,
     replicas: usize,
     bucket_bytes: usize,
+    ablation: Ablation,
 ) -> Result<(Row, Overlap)> {
     let schedule = Schedule::new(topology, algorithm, replicas)?;
-    let o = overlap::simulate(profile, bucket_bytes, |bytes| schedule.time_s(bytes))?;
+    step_on(&schedule, profile, bucket_bytes, ablation)
+}
+
+/// [`step`] on a schedule already laid out (schedules do not depend on the ablation, which
+/// is applied here).
+pub fn step_on(
+    schedule: &Schedule,
+    profile: &ModelProfile,
+    bucket_bytes: usize,
+    ablation: Ablation,
+) -> Result<(Row, Overlap)> {
+    let (algorithm, replicas) = (schedule.algorithm(), schedule.ranks());
+    let schedule = schedule.clone().ablated(ablation);
+    let o = overlap::simulate(
+        profile,
+        bucket_bytes,
+        |bytes| schedule.time_s(bytes),
+        ablation,
+    )?;
     let samples_per_s = (replicas * profile.batch) as f64 / o.step_s;
     let row = Row {
         algorithm,
@@ -168,7 +188,9 @@ pub fn crossover(topology: &Topology, replicas: usize) -> Result<Crossover> {
     })
 }
 
-/// The table for every algorithm at every replica count, and the crossover at the largest.
+/// The table for every algorithm at every replica count, and the crossover at the largest,
+/// with gradients in buckets of `bucket_bytes` (DDP's `bucket_cap_mb`: an input, so that the
+/// caller passes the one its framework uses).
 pub fn predict(
     topology: &Topology,
     profile: &ModelProfile,
@@ -185,7 +207,17 @@ pub fn predict(
     let mut rows = Vec::with_capacity(2 * replicas.len());
     for algorithm in Algorithm::ALL {
         for &n in replicas {
-            rows.push(step(topology, profile, algorithm, n, bucket_bytes)?.0);
+            rows.push(
+                step(
+                    topology,
+                    profile,
+                    algorithm,
+                    n,
+                    bucket_bytes,
+                    Ablation::None,
+                )?
+                .0,
+            );
         }
     }
     Ok(Prediction {
@@ -202,6 +234,10 @@ pub fn predict(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::presets;
+
+    /// PyTorch DDP's default bucket cap, 25 MiB.
+    const BUCKET: usize = 25 << 20;
 
     fn resnet(topology: &Topology) -> ModelProfile {
         ModelProfile::preset("resnet50", topology.device(), 128).unwrap()
@@ -209,8 +245,8 @@ mod tests {
 
     #[test]
     fn the_table_has_every_algorithm_and_replica_count() {
-        let t = Topology::preset("dgx-h100").unwrap();
-        let p = predict(&t, &resnet(&t), &[1, 2, 4, 8], DEFAULT_BUCKET_BYTES).unwrap();
+        let t = presets::build("dgx-h100").unwrap();
+        let p = predict(&t, &resnet(&t), &[1, 2, 4, 8], BUCKET).unwrap();
         assert_eq!(p.rows.len(), 8);
         for r in &p.rows {
             // Efficiency is compute over step, and samples/s agrees with it.
@@ -234,7 +270,7 @@ mod tests {
     #[test]
     fn crossover_summarises_the_sweep() {
         // Across two hosts the tree's fewer steps win small messages, the ring large ones.
-        let ib = Topology::preset("ib-2node").unwrap();
+        let ib = presets::build("ib-2node").unwrap();
         let c = crossover(&ib, 16).unwrap();
         assert_eq!(c.ranges.len(), 2, "{:?}", c.ranges);
         let (tree, ring) = (&c.ranges[0], &c.ranges[1]);
@@ -248,18 +284,35 @@ mod tests {
         );
         assert_eq!(ring.from_bytes, 2 * tree.to_bytes);
         // On one NVSwitch host NCCL's tree is a chain and never wins.
-        let h100 = Topology::preset("dgx-h100").unwrap();
+        let h100 = presets::build("dgx-h100").unwrap();
         let c = crossover(&h100, 8).unwrap();
         assert_eq!(c.ranges.len(), 1);
         assert_eq!(c.ranges[0].algorithm, Algorithm::Ring);
     }
 
     #[test]
+    fn ablated_steps_cost_what_the_ablation_says() {
+        // 2 PCIe GPUs with ResNet-50: communication shows.
+        let t = presets::build("8gpu-pcie4").unwrap();
+        let m = resnet(&t);
+        let step = |a| step(&t, &m, Algorithm::Ring, 8, BUCKET, a).unwrap().0;
+        let model = step(Ablation::None);
+        assert!(model.comm_s > 0.0 && model.efficiency < 1.0);
+        let free = step(Ablation::NoComm);
+        assert_eq!((free.comm_s, free.efficiency), (0.0, 1.0));
+        let fast = step(Ablation::DoubleBandwidth);
+        assert!(fast.comm_s < model.comm_s && fast.efficiency >= model.efficiency);
+        let late = step(Ablation::NoOverlap);
+        assert!(late.exposed_comm_s > model.exposed_comm_s);
+        assert!((late.exposed_comm_s - late.comm_s).abs() < 1e-12);
+    }
+
+    #[test]
     fn bad_replica_lists_are_errors() {
-        let t = Topology::preset("dgx-h100").unwrap();
+        let t = presets::build("dgx-h100").unwrap();
         let m = resnet(&t);
         for bad in [&[][..], &[1, 16], &[0]] {
-            let e = predict(&t, &m, bad, DEFAULT_BUCKET_BYTES).unwrap_err();
+            let e = predict(&t, &m, bad, BUCKET).unwrap_err();
             assert!(matches!(e, ScalingError::ReplicasOutOfRange { .. }), "{e}");
         }
         assert!(predict(&t, &m, &[2], 0).is_err());

@@ -4,23 +4,30 @@
 //! Devices are ranked in the order they are added: host by host, GPU by GPU, as NCCL ranks
 //! them when one process drives each GPU in order.
 
-use crate::schedule::Overheads;
 use crate::topology::{DeviceModel, LinkKind, NodeKind, Topology};
 use crate::{Result, ScalingError};
 
-/// The preset names (`ib-<N>node` takes any `N` in `2..=`[`MAX_IB_NODES`]).
+/// The preset names (`ib-<N>node` takes any `N` in `2..=`[`MAX_IB_NODES`],
+/// `p100-25gbe-<N>node` any `N` in `2..=`[`MAX_ROCE_NODES`]).
 pub const NAMES: &[&str] = &[
     "dgx-h100",
+    "dgx-a100",
     "4xv100-nvlink",
     "2gpu-nvlink-bridge",
     "8gpu-pcie4",
     "8gpu-pcie5",
     "ib-2node",
     "dgx1-v100",
+    "2gpu-pcie4",
+    "2gpu-pcie3",
+    "p100-25gbe-2node",
 ];
 
 /// The most hosts an `ib-<N>node` preset joins.
 pub const MAX_IB_NODES: usize = 32;
+
+/// The most hosts a `p100-25gbe-<N>node` preset joins (Horovod's benchmark: 128).
+pub const MAX_ROCE_NODES: usize = 128;
 
 /// NVLink 4 per H100, one direction: 18 links, 450 GB/s (stas00/ml-engineering
 /// `network/README.md`, NVLink table; NVIDIA/nccl-tests issue 212).
@@ -29,6 +36,13 @@ pub const NVLINK4_PER_GPU_GBS: f64 = 450.0;
 /// One NVLink 2 or 3 link, one direction: 25 GB/s (V100: 6 links, 150 GB/s; A100: 12 links,
 /// 300 GB/s; stas00/ml-engineering `network/README.md`, NVLink table).
 pub const NVLINK_PER_LINK_GBS: f64 = 25.0;
+
+/// NVLink 3 per A100 SXM4, one direction: 12 links of 25 GB/s (stas00/ml-engineering
+/// `network/README.md`, NVLink table).
+pub const NVLINK3_PER_GPU_GBS: f64 = 12.0 * NVLINK_PER_LINK_GBS;
+
+/// PCIe 3.0 x16, one direction (PCIe specification; shared/design/PUBLIC-FIGURES.md).
+pub const PCIE3_X16_GBS: f64 = 15.75;
 
 /// PCIe 4.0 x16, one direction (PCIe specification; stas00/ml-engineering PCIe table).
 pub const PCIE4_X16_GBS: f64 = 31.5;
@@ -39,6 +53,10 @@ pub const PCIE5_X16_GBS: f64 = 63.0;
 /// InfiniBand NDR, one 400 Gbit/s port (ConnectX-7), one direction: 50 GB/s
 /// (stas00/ml-engineering `network/README.md`, InfiniBand table).
 pub const NDR_PORT_GBS: f64 = 50.0;
+
+/// A 25 Gbit/s Ethernet port, one direction: 3.125 GB/s (Horovod's benchmark servers:
+/// "RoCE-capable 25 Gbit/s network", horovod/horovod `docs/benchmarks.rst`).
+pub const ETHERNET_25G_GBS: f64 = 25.0 / 8.0;
 
 /// Peer-to-peer bandwidth between AMD EPYC sockets that NCCL assumes (`AMD_BW`, NVIDIA/nccl
 /// `src/graph/topo.h`, v2.30.7). PUBLIC-FIGURES.md's A100 pair that crosses sockets measured
@@ -67,6 +85,7 @@ const DGX1_NVLINKS: [[u8; 8]; 8] = [
 pub fn build(name: &str) -> Result<Topology> {
     match name {
         "dgx-h100" => dgx_h100(),
+        "dgx-a100" => dgx_a100(),
         "4xv100-nvlink" => v100_cube_mesh(
             name,
             4,
@@ -93,37 +112,82 @@ pub fn build(name: &str) -> Result<Topology> {
             SPR_INTER_SOCKET_GBS,
             "8x H100 PCIe on PCIe 5 x16 behind the host bridges of two Sapphire Rapids sockets",
         ),
-        _ => match ib_hosts(name) {
-            Some(hosts) => ib_cluster(hosts),
-            None => Err(ScalingError::UnknownTopology {
-                name: name.to_string(),
-                known: format!("{}, ib-<N>node (N = 2..={MAX_IB_NODES})", NAMES.join(", ")),
-            }),
-        },
+        "2gpu-pcie4" => pcie_pair(
+            name,
+            DeviceModel::RtxA6000,
+            PCIE4_X16_GBS,
+            "2x RTX A6000 on PCIe 4 x16 behind one host bridge, no NVLink",
+        ),
+        "2gpu-pcie3" => pcie_pair(
+            name,
+            DeviceModel::Gtx1080Ti,
+            PCIE3_X16_GBS,
+            "2x GTX 1080 Ti on PCIe 3 x16 behind one host bridge, no NVLink",
+        ),
+        _ => {
+            if let Some(hosts) = counted(name, "ib-", 2..=MAX_IB_NODES) {
+                ib_cluster(hosts)
+            } else if let Some(hosts) = counted(name, "p100-25gbe-", 2..=MAX_ROCE_NODES) {
+                roce_cluster(hosts)
+            } else {
+                Err(ScalingError::UnknownTopology {
+                    name: name.to_string(),
+                    known: format!(
+                        "{}, ib-<N>node (N = 2..={MAX_IB_NODES}), p100-25gbe-<N>node \
+                         (N = 2..={MAX_ROCE_NODES})",
+                        NAMES.join(", ")
+                    ),
+                })
+            }
+        }
     }
 }
 
-/// `N` of `ib-<N>node`, when in range.
-fn ib_hosts(name: &str) -> Option<usize> {
+/// `N` of `<prefix><N>node`, when in `range`.
+fn counted(name: &str, prefix: &str, range: std::ops::RangeInclusive<usize>) -> Option<usize> {
     let n: usize = name
-        .strip_prefix("ib-")?
+        .strip_prefix(prefix)?
         .strip_suffix("node")?
         .parse()
         .ok()?;
-    (2..=MAX_IB_NODES).contains(&n).then_some(n)
+    range.contains(&n).then_some(n)
 }
 
 /// One DGX H100 board: 8 H100 each with 18 NVLink 4 links into the NVSwitches (modelled as
 /// one non-blocking switch node). Returns the GPU node ids.
 fn add_dgx_h100_board(t: &mut Topology, host: usize, prefix: &str) -> Result<Vec<usize>> {
+    add_nvswitch_board(t, host, prefix, 8, NVLINK4_PER_GPU_GBS)
+}
+
+/// `gpus` devices, each with `gbs` of NVLink per direction into one non-blocking NVSwitch
+/// node. Returns the GPU node ids.
+fn add_nvswitch_board(
+    t: &mut Topology,
+    host: usize,
+    prefix: &str,
+    gpus: usize,
+    gbs: f64,
+) -> Result<Vec<usize>> {
     let switch = t.add_node(format!("{prefix}nvswitch"), NodeKind::NvSwitch, Some(host));
-    (0..8)
+    (0..gpus)
         .map(|i| {
             let gpu = t.add_node(format!("{prefix}gpu{i}"), NodeKind::Device, Some(host));
-            t.add_link(gpu, switch, LinkKind::NvLink, NVLINK4_PER_GPU_GBS, 0.0)?;
+            t.add_link(gpu, switch, LinkKind::NvLink, gbs, 0.0)?;
             Ok(gpu)
         })
         .collect()
+}
+
+/// DGX A100: 8 A100 SXM4, each with 12 NVLink 3 links (300 GB/s per direction) into the
+/// NVSwitches.
+fn dgx_a100() -> Result<Topology> {
+    let mut t = Topology::new(
+        "dgx-a100",
+        "DGX A100: 8x A100 SXM4, NVLink 3 (300 GB/s per GPU per direction) through NVSwitch",
+        DeviceModel::A100,
+    );
+    add_nvswitch_board(&mut t, 0, "", 8, NVLINK3_PER_GPU_GBS)?;
+    Ok(t)
 }
 
 fn dgx_h100() -> Result<Topology> {
@@ -159,6 +223,49 @@ fn ib_cluster(hosts: usize) -> Result<Topology> {
             t.add_link(gpu, nic, LinkKind::Pcie, PCIE5_X16_GBS, 0.0)?;
             t.add_link(nic, fabric, LinkKind::InfiniBand, NDR_PORT_GBS, 0.0)?;
         }
+    }
+    Ok(t)
+}
+
+/// `hosts` servers of Horovod's benchmark (horovod/horovod `docs/benchmarks.rst`: "128
+/// servers with 4 Pascal GPUs each connected by RoCE-capable 25 Gbit/s network"): per host
+/// 4 P100 on PCIe 3 x16 behind one host bridge, one 25 GbE NIC on the same bridge, every
+/// NIC on one non-blocking Ethernet switch.
+fn roce_cluster(hosts: usize) -> Result<Topology> {
+    let mut t = Topology::new(
+        format!("p100-25gbe-{hosts}node"),
+        format!(
+            "{hosts} servers of 4x P100 on PCIe 3, one 25 Gbit/s RoCE NIC each, one \
+             non-blocking switch (Horovod's benchmark machines)"
+        ),
+        DeviceModel::P100,
+    );
+    let fabric = t.add_node("ethernet-switch", NodeKind::NetworkSwitch, None);
+    for h in 0..hosts {
+        let cpu = t.add_node(format!("host{h}/cpu0"), NodeKind::HostBridge, Some(h));
+        for i in 0..4 {
+            let gpu = t.add_node(format!("host{h}/gpu{i}"), NodeKind::Device, Some(h));
+            t.add_link(gpu, cpu, LinkKind::Pcie, PCIE3_X16_GBS, 0.0)?;
+        }
+        let nic = t.add_node(format!("host{h}/nic0"), NodeKind::Nic, Some(h));
+        t.add_link(nic, cpu, LinkKind::Pcie, PCIE3_X16_GBS, 0.0)?;
+        t.add_link(nic, fabric, LinkKind::Ethernet, ETHERNET_25G_GBS, 0.0)?;
+    }
+    Ok(t)
+}
+
+/// Two GPUs with no NVLink, each on its own x16 port of one host bridge.
+fn pcie_pair(
+    name: &str,
+    device: DeviceModel,
+    pcie_gbs: f64,
+    description: &str,
+) -> Result<Topology> {
+    let mut t = Topology::new(name, description, device);
+    let cpu = t.add_node("cpu0", NodeKind::HostBridge, Some(0));
+    for i in 0..2 {
+        let gpu = t.add_node(format!("gpu{i}"), NodeKind::Device, Some(0));
+        t.add_link(gpu, cpu, LinkKind::Pcie, pcie_gbs, 0.0)?;
     }
     Ok(t)
 }
@@ -227,39 +334,15 @@ fn pcie_two_sockets(
     Ok(t)
 }
 
-/// `ranks` threads of this host exchanging data through its memory, as mirra's CPU
-/// collectives do: each thread's path to memory moves `copy_gbs` (a measured one-thread
-/// memcpy rate, bytes counted once) and every step of a schedule costs `step_us` (measured
-/// from a small all-reduce: its time over its number of steps), with no per-call overhead.
-pub fn shared_memory(ranks: usize, copy_gbs: f64, step_us: f64) -> Result<Topology> {
-    let mut t = Topology::new(
-        "host-shm",
-        format!("{ranks} threads of this host through shared memory"),
-        DeviceModel::HostThread,
-    );
-    if !(step_us.is_finite() && step_us >= 0.0) {
-        return Err(ScalingError::InvalidTopology {
-            topology: t.name().to_string(),
-            reason: format!("step overhead {step_us} us is negative"),
-        });
-    }
-    let memory = t.add_node("memory", NodeKind::Memory, Some(0));
-    for r in 0..ranks {
-        let thread = t.add_node(format!("rank{r}"), NodeKind::Device, Some(0));
-        t.add_link(thread, memory, LinkKind::SharedMemory, copy_gbs, 0.0)?;
-    }
-    t.set_overheads(Overheads::uniform(0.0, step_us));
-    Ok(t)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::HwClass;
+    use crate::tuning::HwClass;
 
     fn every_preset() -> Vec<Topology> {
         let mut all: Vec<Topology> = NAMES.iter().map(|n| build(n).unwrap()).collect();
         all.push(build("ib-3node").unwrap());
+        all.push(build("p100-25gbe-3node").unwrap());
         all
     }
 
@@ -330,15 +413,22 @@ mod tests {
 
     #[test]
     fn unknown_names_list_the_presets() {
-        for bad in ["dgx-a100", "ib-1node", "ib-33node", "ib-xnode", ""] {
+        for bad in [
+            "dgx-b200",
+            "ib-1node",
+            "ib-33node",
+            "ib-xnode",
+            "p100-25gbe-129node",
+            "",
+        ] {
             let e = build(bad).unwrap_err();
             assert!(
-                e.to_string().contains("dgx-h100, 4xv100-nvlink") && e.to_string().contains(bad),
+                e.to_string().contains("dgx-h100, dgx-a100, 4xv100-nvlink")
+                    && e.to_string().contains(bad),
                 "{e}"
             );
         }
         assert_eq!(build("ib-32node").unwrap().devices().len(), 256);
-        assert!(shared_memory(2, 10.0, f64::NAN).is_err());
-        assert!(shared_memory(2, 0.0, 1.0).is_err());
+        assert_eq!(build("p100-25gbe-128node").unwrap().devices().len(), 512);
     }
 }

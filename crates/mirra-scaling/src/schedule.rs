@@ -23,75 +23,10 @@
 
 use std::collections::HashMap;
 
-use crate::topology::{DirectedLink, HwClass, Route, Topology};
+use crate::ablation::Ablation;
+use crate::topology::{DirectedLink, Route, Topology};
+use crate::tuning::Algorithm;
 use crate::{Result, ScalingError};
-
-/// An all-reduce algorithm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// Reduce-scatter then all-gather around rings.
-    Ring,
-    /// NCCL's tree: chains within hosts, a double binary tree between them.
-    Tree,
-}
-
-impl Algorithm {
-    /// Both, in display order.
-    pub const ALL: [Algorithm; 2] = [Algorithm::Ring, Algorithm::Tree];
-
-    /// The lower-case name, as mirra's backends are named.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Algorithm::Ring => "ring",
-            Algorithm::Tree => "tree",
-        }
-    }
-
-    const fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// Fixed costs of a collective, microseconds: once per call (`base_us`) and per step, by the
-/// hardware class of the step's path (`step_us`), for each [`Algorithm`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Overheads {
-    /// Per call, by algorithm (ring, tree).
-    pub base_us: [f64; 2],
-    /// Per step, by hardware class ([`HwClass::index`]) then algorithm (ring, tree).
-    pub step_us: [[f64; 2]; 4],
-}
-
-impl Overheads {
-    /// NCCL's tuning model for its Simple protocol (the one large messages use), from
-    /// `ncclTunerConstantsDefaults` in NVIDIA/nccl `src/graph/tuning.cc`, v2.30.7:
-    /// `baseLat` 8.4 us (ring and tree); `hwLat` NVLink 3.4 (ring) / 4.0 (tree), PCI 5.7 /
-    /// 4.0, NET 14.0 / 14.0 us. Host memory is no NCCL class and costs nothing here.
-    pub const fn nccl() -> Self {
-        Overheads {
-            base_us: [8.4, 8.4],
-            step_us: [[0.0, 0.0], [3.4, 4.0], [5.7, 4.0], [14.0, 14.0]],
-        }
-    }
-
-    /// The same costs for every class and algorithm (a machine measured here).
-    pub const fn uniform(base_us: f64, step_us: f64) -> Self {
-        Overheads {
-            base_us: [base_us; 2],
-            step_us: [[step_us; 2]; 4],
-        }
-    }
-
-    /// The per-call overhead of `algorithm`, microseconds.
-    pub fn base(&self, algorithm: Algorithm) -> f64 {
-        self.base_us[algorithm.index()]
-    }
-
-    /// The per-step overhead of `algorithm` on a path of class `class`, microseconds.
-    pub fn step(&self, class: HwClass, algorithm: Algorithm) -> f64 {
-        self.step_us[class.index()][algorithm.index()]
-    }
-}
 
 /// Hosts with at most this many devices get every Hamiltonian cycle as a ring candidate
 /// (7! = 5040 at 8); larger ones only rank order and its reverse.
@@ -170,6 +105,26 @@ impl Schedule {
         Ok(s)
     }
 
+    /// This schedule as `ablation` costs it: without communication every call takes no
+    /// time (infinite bandwidth, no latency); with double bandwidth it moves its bytes twice
+    /// as fast; without latency it pays its bytes only. Other ablations leave it unchanged.
+    pub fn ablated(mut self, ablation: Ablation) -> Schedule {
+        match ablation {
+            Ablation::NoComm => {
+                self.base_s = 0.0;
+                self.latency_s = 0.0;
+                self.algbw_gbs = f64::INFINITY;
+            }
+            Ablation::NoLatency => {
+                self.base_s = 0.0;
+                self.latency_s = 0.0;
+            }
+            Ablation::DoubleBandwidth => self.algbw_gbs *= ablation.bandwidth_factor(),
+            _ => {}
+        }
+        self
+    }
+
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
@@ -208,11 +163,15 @@ impl Schedule {
         self.base_s + self.latency_s + bytes as f64 / (self.algbw_gbs * 1e9)
     }
 
-    /// The cost of all-reducing `bytes`.
+    /// The cost of all-reducing `bytes`. A call that takes no time has no bandwidth (0 GB/s)
+    /// when there is nothing to move, and an infinite one when bytes move in no time (the
+    /// `no-comm` ablation).
     pub fn cost(&self, bytes: usize) -> Cost {
         let seconds = self.time_s(bytes);
         let algbw_gbs = if seconds > 0.0 {
             bytes as f64 / seconds / 1e9
+        } else if self.ranks > 1 && bytes > 0 {
+            f64::INFINITY
         } else {
             0.0
         };
@@ -714,6 +673,31 @@ mod tests {
             2.0 * 48.0 * bus_factor(16),
             1e-9
         ));
+    }
+
+    #[test]
+    fn ablations_change_what_they_name() {
+        let h100 = presets::build("dgx-h100").unwrap();
+        let s = Schedule::new(&h100, Algorithm::Ring, 8).unwrap();
+        let bytes = 64 << 20;
+        let t = s.time_s(bytes);
+        let free = s.clone().ablated(Ablation::NoComm);
+        assert_eq!(free.time_s(bytes), 0.0);
+        assert_eq!(free.cost(bytes).busbw_gbs, f64::INFINITY);
+        assert_eq!(free.cost(0).busbw_gbs, 0.0);
+        let fast = s.clone().ablated(Ablation::DoubleBandwidth);
+        assert!(close(
+            fast.peak_busbw_gbs(),
+            2.0 * s.peak_busbw_gbs(),
+            1e-12
+        ));
+        assert!(close(fast.latency_s(), s.latency_s(), 1e-12));
+        let no_latency = s.clone().ablated(Ablation::NoLatency);
+        assert_eq!(no_latency.latency_s(), 0.0);
+        assert!(close(t - no_latency.time_s(bytes), s.latency_s(), 1e-9));
+        for other in [Ablation::None, Ablation::NoOverlap, Ablation::SingleCopy] {
+            assert_eq!(s.clone().ablated(other), s);
+        }
     }
 
     #[test]

@@ -9,16 +9,22 @@
 
 use std::collections::VecDeque;
 
-use crate::schedule::Overheads;
+use crate::tuning::{HwClass, Overheads};
 use crate::{Result, ScalingError};
 
 /// What the replicas run on; decides which cited compute figures apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceModel {
+    /// NVIDIA P100 (Pascal).
+    P100,
+    /// NVIDIA GeForce GTX 1080 Ti (Pascal).
+    Gtx1080Ti,
     /// NVIDIA V100 SXM2 (Volta).
     V100Sxm2,
     /// NVIDIA A100 (Ampere).
     A100,
+    /// NVIDIA RTX A6000 (Ampere, a workstation card).
+    RtxA6000,
     /// NVIDIA H100 (Hopper).
     H100,
     /// A thread of this host's CPU, as mirra's shared-memory collectives run.
@@ -29,8 +35,11 @@ impl DeviceModel {
     /// A short display name.
     pub const fn name(self) -> &'static str {
         match self {
+            DeviceModel::P100 => "P100",
+            DeviceModel::Gtx1080Ti => "GTX 1080 Ti",
             DeviceModel::V100Sxm2 => "V100 SXM2",
             DeviceModel::A100 => "A100",
+            DeviceModel::RtxA6000 => "RTX A6000",
             DeviceModel::H100 => "H100",
             DeviceModel::HostThread => "host thread",
         }
@@ -66,32 +75,6 @@ pub struct Node {
     pub host: Option<usize>,
 }
 
-/// NCCL's hardware classes of a path, which decide the per-step latency of its tuning model
-/// (`src/graph/tuning.cc`: NVLINK, PCI, NET), plus host memory for the shared-memory
-/// collectives measured here. Ordered from cheapest to dearest: a path's class is that of
-/// its dearest link.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum HwClass {
-    /// Shared memory between threads of one host.
-    Host,
-    /// NVLink, directly or through NVSwitch.
-    NvLink,
-    /// PCIe, through host bridges and between sockets.
-    Pci,
-    /// A network between hosts.
-    Net,
-}
-
-impl HwClass {
-    /// Every class, in order.
-    pub const ALL: [HwClass; 4] = [HwClass::Host, HwClass::NvLink, HwClass::Pci, HwClass::Net];
-
-    /// The index into per-class tables.
-    pub const fn index(self) -> usize {
-        self as usize
-    }
-}
-
 /// The fraction of NVLink line rate a peer-to-peer copy achieves: 380 of 450 GB/s one way
 /// between two H100 SXM (NVIDIA/nccl issue 1264; `shared/design/PUBLIC-FIGURES.md`).
 /// Applied to every NVLink generation (NVIDIA quotes the same 25 GB/s per link per direction
@@ -119,6 +102,8 @@ pub enum LinkKind {
     InterSocket,
     /// An InfiniBand port.
     InfiniBand,
+    /// An Ethernet port carrying RDMA (RoCE); NCCL treats it as InfiniBand.
+    Ethernet,
     /// A thread's path to host memory; its bandwidth is a measured copy rate, so its
     /// efficiency is 1.
     SharedMemory,
@@ -130,7 +115,7 @@ impl LinkKind {
         match self {
             LinkKind::NvLink => NVLINK_EFFICIENCY,
             LinkKind::Pcie => PCIE_EFFICIENCY,
-            LinkKind::InfiniBand => NET_EFFICIENCY,
+            LinkKind::InfiniBand | LinkKind::Ethernet => NET_EFFICIENCY,
             LinkKind::InterSocket | LinkKind::SharedMemory => 1.0,
         }
     }
@@ -140,7 +125,7 @@ impl LinkKind {
         match self {
             LinkKind::NvLink => HwClass::NvLink,
             LinkKind::Pcie | LinkKind::InterSocket => HwClass::Pci,
-            LinkKind::InfiniBand => HwClass::Net,
+            LinkKind::InfiniBand | LinkKind::Ethernet => HwClass::Net,
             LinkKind::SharedMemory => HwClass::Host,
         }
     }
@@ -226,11 +211,6 @@ impl Topology {
         }
     }
 
-    /// One of the presets in [`crate::presets::NAMES`] (or `ib-<N>node`).
-    pub fn preset(name: &str) -> Result<Self> {
-        crate::presets::build(name)
-    }
-
     /// Adds a node and returns its id. Devices are numbered (ranked) in the order they are
     /// added.
     pub fn add_node(
@@ -291,7 +271,8 @@ impl Topology {
         Ok(id)
     }
 
-    /// Replaces the per-collective and per-step overheads (for a machine measured here).
+    /// Replaces the per-collective and per-step overheads (a machine whose costs are not
+    /// NCCL's).
     pub fn set_overheads(&mut self, overheads: Overheads) {
         self.overheads = overheads;
     }

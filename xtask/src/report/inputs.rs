@@ -240,15 +240,27 @@ pub(super) struct TopologyModel {
 #[derive(Clone, Debug)]
 pub(super) struct Modelled {
     pub(super) topologies: Vec<TopologyModel>,
-    pub(super) checks: Vec<Check>,
+    /// The checks against public figures, with the ablations each rejects.
+    pub(super) verdicts: Vec<Verdict>,
     pub(super) seed: SeedCheck,
+}
+
+/// The presets of the report: those whose device has a cited [`MODEL`] throughput.
+pub(super) fn report_topologies() -> Vec<&'static str> {
+    presets::NAMES
+        .iter()
+        .copied()
+        .filter(|name| {
+            presets::build(name).is_ok_and(|t| profile::throughput(MODEL, t.device()).is_ok())
+        })
+        .collect()
 }
 
 /// The model on the named presets.
 pub(super) fn model(names: &[&str]) -> Result<Modelled, ScalingError> {
     let mut topologies = vec![];
     for name in names {
-        let topology = Topology::preset(name)?;
+        let topology = presets::build(name)?;
         let profile = ModelProfile::preset(MODEL, topology.device(), DEFAULT_BATCH)?;
         let replicas = scaling::default_replicas(topology.devices().len());
         let prediction = predict::predict(&topology, &profile, &replicas, DEFAULT_BUCKET_BYTES)?;
@@ -277,8 +289,8 @@ pub(super) fn model(names: &[&str]) -> Result<Modelled, ScalingError> {
     }
     Ok(Modelled {
         topologies,
-        checks: scaling::all_checks()?,
-        seed: checks::seed_check()?,
+        verdicts: checks::validate(&scaling::public_inputs())?,
+        seed: checks::seed_check(DEFAULT_BUCKET_BYTES, Ablation::None)?,
     })
 }
 

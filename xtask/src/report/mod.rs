@@ -22,9 +22,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use mirra_scaling::checks::{self, Check, SeedCheck};
-use mirra_scaling::predict::{self, Prediction, DEFAULT_BUCKET_BYTES};
-use mirra_scaling::{presets, Algorithm, ModelProfile, ScalingError, Schedule, Topology};
+use clap::Parser;
+use mirra::strategy::DEFAULT_BUCKET_BYTES;
+use mirra_scaling::checks::{self, SeedCheck, Verdict};
+use mirra_scaling::predict::{self, Prediction};
+use mirra_scaling::{
+    presets, profile, Ablation, Algorithm, ModelProfile, ScalingError, Schedule, Topology,
+};
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use serde_json::{json, Value};
@@ -33,7 +37,7 @@ use crate::json::{num, opt, write_atomic, write_bytes_atomic};
 use crate::nccl::size_label;
 use crate::paths::{target_dir, workspace_root};
 use crate::scaling::{self, DEFAULT_BATCH};
-use crate::{machine, scaling_measured, Failure};
+use crate::{cli, machine, scaling_measured, Failure};
 
 mod baseline;
 mod inputs;
@@ -45,7 +49,7 @@ use inputs::*;
 use plots::*;
 use render::*;
 
-/// The flags of `cargo xtask report`, for the usage message.
+/// The flags of `cargo xtask report`, for the usage message (`--help` describes them).
 pub const FLAGS_HELP: &str =
     "  --measure          measure first (`cargo xtask scaling`), even if target/bench has results
   --no-measure       never measure; report what target/bench holds
@@ -54,6 +58,28 @@ pub const FLAGS_HELP: &str =
   --quick            measure quickly (`cargo xtask scaling --quick`), as CI does
   --update-baseline  rewrite benches/baselines/scaling.json from this run
 ";
+
+/// `cargo xtask report` flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask report",
+    about = "The scaling report: measured and modelled, SVG plots, checked against the baseline"
+)]
+struct Args {
+    /// Measure first (`cargo xtask scaling`), even if target/bench has results.
+    #[arg(long, conflicts_with = "no_measure")]
+    measure: bool,
+    /// Never measure; report what target/bench holds (default: measure, quickly, only
+    /// when scaling-measured.json or collectives.json is missing).
+    #[arg(long)]
+    no_measure: bool,
+    /// Measure quickly (`cargo xtask scaling --quick`), as CI does.
+    #[arg(long)]
+    quick: bool,
+    /// Rewrite benches/baselines/scaling.json from this run.
+    #[arg(long)]
+    update_baseline: bool,
+}
 
 /// The committed baseline, relative to the workspace root.
 pub const BASELINE_PATH: &str = "benches/baselines/scaling.json";
@@ -88,38 +114,20 @@ struct Options {
     update_baseline: bool,
 }
 
-fn parse(args: &[String]) -> Result<Options, Failure> {
-    let mut o = Options {
-        measure: Measure::IfMissing,
-        quick: false,
-        update_baseline: false,
+/// The options of `args`, or `None` for `--help` (clap printed it).
+fn parse(args: &[String]) -> Result<Option<Options>, Failure> {
+    let Some(a) = cli::parse::<Args>("xtask report", args)? else {
+        return Ok(None);
     };
-    let (mut measure, mut no_measure) = (false, false);
-    for arg in args {
-        match arg.as_str() {
-            "--measure" => measure = true,
-            "--no-measure" => no_measure = true,
-            "--quick" => o.quick = true,
-            "--update-baseline" => o.update_baseline = true,
-            other => {
-                return Err(Failure::usage(format!(
-                    "xtask report: unknown flag `{other}` (flags: --measure, --no-measure, \
-                     --quick, --update-baseline)"
-                )))
-            }
-        }
-    }
-    o.measure = match (measure, no_measure) {
-        (true, true) => {
-            return Err(Failure::usage(
-                "xtask report: --measure and --no-measure exclude each other",
-            ))
-        }
-        (true, false) => Measure::Always,
-        (false, true) => Measure::Never,
-        (false, false) => Measure::IfMissing,
-    };
-    Ok(o)
+    Ok(Some(Options {
+        measure: match (a.measure, a.no_measure) {
+            (true, _) => Measure::Always,
+            (false, true) => Measure::Never,
+            (false, false) => Measure::IfMissing,
+        },
+        quick: a.quick,
+        update_baseline: a.update_baseline,
+    }))
 }
 
 /// Where the report reads and writes.
@@ -157,9 +165,9 @@ impl Paths {
     }
 }
 
-/// The flags of the measured mode to run first, if any: always with `--measure`, never with
+/// The measured mode to run first, if any: always with `--measure`, never with
 /// `--no-measure`, and by default (quick) only when one of its files is missing.
-fn measurement(o: &Options, paths: &Paths) -> Option<Vec<String>> {
+fn measurement(o: &Options, paths: &Paths) -> Option<scaling_measured::Options> {
     let missing = !paths.scaling_measured().is_file() || !paths.collectives().is_file();
     let quick = match o.measure {
         Measure::Always => o.quick,
@@ -167,11 +175,7 @@ fn measurement(o: &Options, paths: &Paths) -> Option<Vec<String>> {
         Measure::IfMissing if missing => true,
         Measure::IfMissing => return None,
     };
-    Some(if quick {
-        vec!["--quick".into()]
-    } else {
-        vec![]
-    })
+    Some(scaling_measured::Options::new(quick, None, None))
 }
 
 /// Everything the report holds, before it is written.
@@ -325,14 +329,19 @@ fn run_in(
 
 /// Runs `cargo xtask report` with the flags after the command name.
 pub fn run(args: &[String]) -> Result<(), Failure> {
-    let o = parse(args)?;
+    let Some(o) = parse(args)? else {
+        return Ok(());
+    };
     let paths = Paths::workspace();
-    if let Some(flags) = measurement(&o, &paths) {
-        println!("# measuring first: cargo xtask scaling {}", flags.join(" "));
-        scaling_measured::run(&flags)?;
+    if let Some(m) = measurement(&o, &paths) {
+        println!(
+            "# measuring first: cargo xtask scaling{}",
+            if m.quick { " --quick" } else { "" }
+        );
+        scaling_measured::run(&m)?;
     }
     let command = format!("cargo xtask report {}", args.join(" "));
-    run_in(&o, &paths, presets::NAMES, command.trim_end()).map(|_| ())
+    run_in(&o, &paths, &report_topologies(), command.trim_end()).map(|_| ())
 }
 
 #[cfg(test)]
@@ -449,6 +458,10 @@ mod tests {
         }
     }
 
+    fn parse(flags: &[String]) -> Result<Options, Failure> {
+        super::parse(flags).map(|o| o.expect("not --help"))
+    }
+
     #[test]
     fn flags_parse_and_bad_ones_are_one_line_usage_errors() {
         let o = parse(&[]).unwrap();
@@ -476,8 +489,8 @@ mod tests {
         ] {
             let e = parse(&args(bad)).unwrap_err();
             assert_eq!(e.code, 2, "{bad:?}");
-            assert_eq!(e.message.lines().count(), 1, "{}", e.message);
-            assert!(e.message.starts_with("xtask report: "), "{}", e.message);
+            assert!(e.message.starts_with("error: "), "{}", e.message);
+            assert!(e.message.contains("xtask report"), "{}", e.message);
         }
     }
 
@@ -486,16 +499,14 @@ mod tests {
         let s = Scratch::new("measure");
         let p = s.paths();
         let o = |m: &[&str]| parse(&args(m)).unwrap();
-        assert_eq!(measurement(&o(&[]), &p), Some(args(&["--quick"])));
+        let quick = |q| Some(scaling_measured::Options::new(q, None, None));
+        assert_eq!(measurement(&o(&[]), &p), quick(true));
         assert_eq!(measurement(&o(&["--no-measure"]), &p), None);
-        assert_eq!(measurement(&o(&["--measure"]), &p), Some(vec![]));
+        assert_eq!(measurement(&o(&["--measure"]), &p), quick(false));
         write_inputs(&p, &measured());
         assert_eq!(measurement(&o(&[]), &p), None);
         assert_eq!(measurement(&o(&["--quick"]), &p), None);
-        assert_eq!(
-            measurement(&o(&["--measure", "--quick"]), &p),
-            Some(args(&["--quick"]))
-        );
+        assert_eq!(measurement(&o(&["--measure", "--quick"]), &p), quick(true));
     }
 
     #[test]
@@ -670,7 +681,7 @@ mod tests {
             "| topology | replicas | ring wins | tree wins |",
             "| replicas | collective | global batch | samples/s | exposed (%) |",
             "| 2 | ring | 256 | 300000 | 12.0 |",
-            "| check | predicted | published | ratio | band | status |",
+            "| check | predicted | published | ratio | band | status | rejects |",
             "**seed_check**: predicted_speedup",
             "| dgx-h100 | ring | 8 |",
             "| 2 | tree | ",

@@ -184,7 +184,7 @@ pub(super) fn report_json(
             "batch_per_replica": DEFAULT_BATCH,
             "bucket_bytes": DEFAULT_BUCKET_BYTES,
             "topologies": topologies,
-            "checks": modelled.checks.iter().map(scaling::check_json).collect::<Vec<_>>(),
+            "checks": modelled.verdicts.iter().map(scaling::verdict_json).collect::<Vec<_>>(),
         },
         "figures": figures.iter().map(Figure::json).collect::<Vec<_>>(),
         "baseline": {
@@ -585,22 +585,51 @@ pub(super) fn modelled_markdown(md: &mut Markdown, modelled: &Modelled) {
     );
     md.line("### Checks against public figures (predicted / published within the band)");
     md.line("");
+    md.line(
+        "Each check is run on the model and on every ablation of it; it rejects the \
+         ablations that fall outside its band. A check that rejects none is flagged: a wrong \
+         model passes it too. This machine's own check (the host model) needs a measurement: \
+         `cargo xtask scaling --validate`.",
+    );
+    md.line("");
     let rows: Vec<Vec<String>> = modelled
-        .checks
+        .verdicts
         .iter()
-        .map(|c| {
+        .map(|v| {
+            let c = &v.check;
             vec![
                 c.name.clone(),
-                format!("{:.2} {}", c.predicted, c.unit),
-                format!("{:.2} {}", c.published, c.unit),
+                format!("{:.4} {}", c.predicted, c.unit)
+                    .trim_end()
+                    .to_string(),
+                format!("{:.4} {}", c.published, c.unit)
+                    .trim_end()
+                    .to_string(),
                 format!("{:.3}", c.ratio()),
                 format!("[{:.3}, {:.3}]", c.band.0, c.band.1),
                 if c.within() { "ok" } else { "MISSED" }.into(),
+                if v.flagged() {
+                    "**FLAG: none**".into()
+                } else {
+                    v.rejects
+                        .iter()
+                        .map(|a| a.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
             ]
         })
         .collect();
     md.table(
-        &["check", "predicted", "published", "ratio", "band", "status"],
+        &[
+            "check",
+            "predicted",
+            "published",
+            "ratio",
+            "band",
+            "status",
+            "rejects",
+        ],
         &rows,
     );
     let s = &modelled.seed;
