@@ -110,8 +110,10 @@ impl Figure {
 /// A measured figure: a ratio within one run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Source {
-    /// The best backend's all-reduce busbw over the run's 1-thread memcpy bandwidth.
-    BusbwOverMemcpy { ranks: usize, bytes: usize },
+    /// The best backend's all-reduce algbw over the copy rate measured beside it in the
+    /// same run (one thread per rank, each copying a rank's working set): 1.0 is the time of
+    /// every rank copying its buffer once at the same time, no limit.
+    AlgbwOverCopy { ranks: usize, bytes: usize },
     /// `tree`'s all-reduce time over `ring`'s.
     TreeOverRing { ranks: usize, bytes: usize },
     /// The best collective's weak-scaling efficiency of the mirrored MLP.
@@ -130,13 +132,15 @@ pub struct MeasuredSpec {
 /// measured mode hold every size and world size named here.
 ///
 /// Each factor comes from the spread of 14 quick runs on this shared 2-core machine
-/// (2026-12-03): the smallest over the largest value seen (the 1-thread memcpy that the
-/// ratios divide by moved between 8.5 and 19.2 GB/s itself), so that a baseline taken in any
-/// of those runs passes all the others. They catch breakage (a collective several times
-/// slower, replicas that stop overlapping), not drift.
+/// (2026-12-03): the smallest over the largest value seen, so that a baseline taken in any
+/// of those runs passes all the others. Those runs divided busbw by a 1-thread memcpy (which
+/// moved between 8.5 and 19.2 GB/s itself); the all-reduce figures now divide algbw by the
+/// copy rate measured beside each row, with the same threads and working set, which moves
+/// with the machine as the collective does, so the spread is no wider. They catch breakage
+/// (a collective several times slower, replicas that stop overlapping), not drift.
 pub const MEASURED: [MeasuredSpec; 5] = [
     MeasuredSpec {
-        source: Source::BusbwOverMemcpy {
+        source: Source::AlgbwOverCopy {
             ranks: 2,
             bytes: 1 << 20,
         },
@@ -145,7 +149,7 @@ pub const MEASURED: [MeasuredSpec; 5] = [
               fits in cache, the memcpy does not)",
     },
     MeasuredSpec {
-        source: Source::BusbwOverMemcpy {
+        source: Source::AlgbwOverCopy {
             ranks: 2,
             bytes: 16 << 20,
         },
@@ -153,7 +157,7 @@ pub const MEASURED: [MeasuredSpec; 5] = [
         why: "14 quick runs here: 0.53-2.18, median 1.39 (smallest / largest 0.24)",
     },
     MeasuredSpec {
-        source: Source::BusbwOverMemcpy {
+        source: Source::AlgbwOverCopy {
             ranks: 4,
             bytes: 16 << 20,
         },
@@ -181,8 +185,8 @@ impl Source {
     /// The figure's name.
     pub fn name(self) -> String {
         match self {
-            Source::BusbwOverMemcpy { ranks, bytes } => format!(
-                "measured/all_reduce/{ranks}_ranks/{}/best_busbw_over_memcpy",
+            Source::AlgbwOverCopy { ranks, bytes } => format!(
+                "measured/all_reduce/{ranks}_ranks/{}/best_algbw_over_copy",
                 size_label(bytes)
             ),
             Source::TreeOverRing { ranks, bytes } => format!(
@@ -197,9 +201,9 @@ impl Source {
 
     pub(super) fn what(self) -> String {
         match self {
-            Source::BusbwOverMemcpy { ranks, bytes } => format!(
-                "best backend's all_reduce busbw at {ranks} ranks, {}, over the same run's \
-                 1-thread memcpy GB/s",
+            Source::AlgbwOverCopy { ranks, bytes } => format!(
+                "best backend's all_reduce algbw at {ranks} ranks, {}, over the copy rate \
+                 measured beside it (one thread per rank, a rank's working set each)",
                 size_label(bytes)
             ),
             Source::TreeOverRing { ranks, bytes } => format!(

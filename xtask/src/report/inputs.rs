@@ -56,15 +56,10 @@ impl Measured {
                     bytes: r["bytes"].as_u64()? as usize,
                     time_us: r["time_us"].as_f64()?,
                     busbw_gbs: r["busbw_gbs"].as_f64()?,
+                    algbw_over_copy: r["algbw_over_copy"].as_f64(),
                 })
             })
             .collect()
-    }
-
-    pub(super) fn memcpy_gbs(&self) -> Option<f64> {
-        self.collectives.as_ref()?["memcpy_gbs"]
-            .as_f64()
-            .filter(|x| *x > 0.0)
     }
 
     /// The backends of `collectives.json`, in its order.
@@ -134,17 +129,15 @@ impl Measured {
                 .to_string()
         };
         match source {
-            Source::BusbwOverMemcpy { ranks, bytes } => {
+            Source::AlgbwOverCopy { ranks, bytes } => {
                 if self.collectives.is_none() {
                     return Err(no_collectives());
                 }
-                let memcpy = self
-                    .memcpy_gbs()
-                    .ok_or("collectives.json has no memcpy_gbs")?;
                 let best = self
                     .all_reduce()
                     .into_iter()
                     .filter(|r| r.ranks == ranks && r.bytes == bytes)
+                    .filter(|r| r.algbw_over_copy.is_some())
                     .max_by(|a, b| a.busbw_gbs.total_cmp(&b.busbw_gbs))
                     .ok_or_else(|| {
                         format!(
@@ -153,12 +146,10 @@ impl Measured {
                             self.sweep()
                         )
                     })?;
+                let ratio = best.algbw_over_copy.expect("filtered");
                 Ok((
-                    best.busbw_gbs / memcpy,
-                    format!(
-                        " (this run: {}, {:.2} / {memcpy:.2} GB/s)",
-                        best.backend, best.busbw_gbs
-                    ),
+                    ratio,
+                    format!(" (this run: {}, algbw / copy {ratio:.2})", best.backend),
                 ))
             }
             Source::TreeOverRing { ranks, bytes } => {
@@ -215,6 +206,9 @@ pub(super) struct ArRow {
     pub(super) bytes: usize,
     pub(super) time_us: f64,
     pub(super) busbw_gbs: f64,
+    /// algbw over the copy rate measured beside the row (one thread per rank, a rank's
+    /// working set each), when the row has one.
+    pub(super) algbw_over_copy: Option<f64>,
 }
 
 /// One algorithm swept over message sizes on a topology's widest replica count.
