@@ -13,6 +13,8 @@ mod flags;
 mod gpu_bundle;
 mod gpu_probe;
 mod json;
+#[cfg(test)]
+mod layers;
 
 mod machine;
 mod matmul;

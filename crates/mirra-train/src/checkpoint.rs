@@ -40,13 +40,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use mirra_device::Buffer;
-use mirra_tensor::init::Rng;
 use mirra_tensor::{DType, Device, Tensor};
-use rand::SeedableRng;
 use safetensors::{Dtype, SafeTensors, View};
 
 use crate::console::one_line;
 use crate::fsutil::write_atomic;
+pub use crate::rng_state::RngState;
 use crate::{History, Logs, Model, Result, TrainError};
 
 /// The value of the `format` metadata entry of every checkpoint.
@@ -67,36 +66,6 @@ const HISTORY_EPOCHS: &str = "history_epochs";
 const CHECKSUM_PREFIX: &str = "crc32c.";
 /// The checksum of the metadata and the tensors' names, dtypes and shapes.
 const STATE_CHECKSUM: &str = "state_crc32c";
-
-/// Where a ChaCha8 generator stands: seed, stream and word position reconstruct it exactly.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RngState {
-    /// The 256-bit key.
-    pub seed: [u8; 32],
-    /// The stream (nonce).
-    pub stream: u64,
-    /// 32-bit words consumed from the stream.
-    pub word_pos: u128,
-}
-
-impl RngState {
-    /// The state of `rng`.
-    pub fn of(rng: &Rng) -> RngState {
-        RngState {
-            seed: rng.get_seed(),
-            stream: rng.get_stream(),
-            word_pos: rng.get_word_pos(),
-        }
-    }
-
-    /// A generator in this state.
-    pub fn to_rng(&self) -> Rng {
-        let mut rng = Rng::from_seed(self.seed);
-        rng.set_stream(self.stream);
-        rng.set_word_pos(self.word_pos);
-        rng
-    }
-}
 
 /// Where the input pipeline resumes. The datasets of `fit` are deterministic per epoch
 /// ([`Dataset::iter_epoch`](mirra_data::Dataset::iter_epoch) with the shuffle seed), so

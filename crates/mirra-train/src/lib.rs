@@ -18,6 +18,7 @@ mod model;
 mod model_checkpoint;
 mod monitor;
 mod replicas;
+mod rng_state;
 mod tensorboard;
 #[cfg(test)]
 pub(crate) mod testutil;

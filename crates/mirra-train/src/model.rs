@@ -12,9 +12,8 @@ use mirra_strategy::MirroredStrategy;
 use mirra_tensor::init::{rng, Rng};
 use mirra_tensor::{DType, Tensor};
 
-use crate::callbacks::{Callback, Control, TrainInfo};
-use crate::checkpoint::RngState;
 use crate::replicas::{CommStats, Mirrors, Primary};
+use crate::rng_state::RngState;
 use crate::{History, Logs, Result, TrainError};
 
 /// How `fit` runs.
@@ -57,6 +56,62 @@ impl std::fmt::Debug for Model {
             .field("optimizer", &self.optimizer.name())
             .field("loss", &self.loss.name())
             .finish()
+    }
+}
+
+/// What a callback learns when training starts.
+#[derive(Clone, Debug, Default)]
+pub struct TrainInfo {
+    /// Epochs to run (the last epoch's number, 1-based).
+    pub epochs: usize,
+    /// The first epoch to run (0-based; non-zero when resuming).
+    pub initial_epoch: usize,
+    /// Steps per epoch, when the dataset knows its length.
+    pub steps_per_epoch: Option<usize>,
+}
+
+/// Whether training goes on after an epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Go on.
+    Continue,
+    /// Stop after this epoch (as Keras's `model.stop_training = True`).
+    Stop,
+}
+
+/// A hook into `fit`. Every method has a default that does nothing.
+///
+/// Like Keras's `callback.model`, every hook gets the model being trained: a callback may
+/// read or replace its weights ([`Model::get_weights`], [`Model::set_weights`]), its
+/// optimizer's learning rate, or save it. Under a distribution strategy the model's
+/// methods act on every replica, so callbacks need not know about replicas.
+pub trait Callback: Send {
+    /// Before the first epoch.
+    fn on_train_begin(&mut self, _info: &TrainInfo, _model: &mut Model) -> Result<()> {
+        Ok(())
+    }
+    /// Before each epoch (0-based).
+    fn on_epoch_begin(&mut self, _epoch: usize, _model: &mut Model) -> Result<()> {
+        Ok(())
+    }
+    /// After each training step, with the running means of the epoch so far.
+    fn on_train_batch_end(&mut self, _step: usize, _logs: &Logs, _model: &mut Model) -> Result<()> {
+        Ok(())
+    }
+    /// After each epoch's training and validation, before any callback's
+    /// [`Callback::on_epoch_end`] and before the History records the logs: add entries to
+    /// the epoch's logs, as a Keras callback writes into the shared `logs` dict (the
+    /// [`LearningRateScheduler`](crate::LearningRateScheduler) adds `learning_rate`).
+    fn on_epoch_logs(&mut self, _epoch: usize, _logs: &mut Logs, _model: &mut Model) -> Result<()> {
+        Ok(())
+    }
+    /// After each epoch, with its final logs (training and validation).
+    fn on_epoch_end(&mut self, _epoch: usize, _logs: &Logs, _model: &mut Model) -> Result<Control> {
+        Ok(Control::Continue)
+    }
+    /// After the last epoch.
+    fn on_train_end(&mut self, _logs: &Logs, _model: &mut Model) -> Result<()> {
+        Ok(())
     }
 }
 
