@@ -232,8 +232,12 @@ pub fn run(o: &Options) -> Result<(), Failure> {
     // The collective benchmark, small: the report's bandwidth ratios come from it.
     let collectives_path = target.join("bench").join("collectives.json");
     // Without OpenMPI and gloo: the report compares mirra with itself over time.
-    let mut bench_args: Vec<String> =
-        vec!["--max-bytes".into(), "16M".into(), "--peers".into(), "none".into()];
+    let mut bench_args: Vec<String> = vec![
+        "--max-bytes".into(),
+        "16M".into(),
+        "--peers".into(),
+        "none".into(),
+    ];
     if o.quick {
         bench_args.push("--quick".into());
     }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use mirra_autograd::Tape;
 use mirra_data::Dataset;
+use mirra_device::trace;
 use mirra_nn::{Loss, Mean, Metric, Reduction, Sequential};
 use mirra_optim::Optimizer;
 use mirra_strategy::MirroredStrategy;
@@ -399,8 +400,11 @@ impl Model {
             return Ok(StepOutput { loss, output });
         }
         let (loss, output) = {
+            let forward = trace::span("compute", "forward");
             let out = self.net.forward(&self.tape, x, true, &mut self.rng)?;
             let loss = self.loss.compute(&out, y, Reduction::SumOverBatchSize)?;
+            drop(forward);
+            let _backward = trace::span("compute", "backward");
             let mut grads = self.tape.backward(&loss)?;
             self.grads.clear();
             for (i, p) in self.net.params().iter().enumerate() {
@@ -416,6 +420,7 @@ impl Model {
         // The tape holds references to the parameters; release them so the optimizer
         // updates the buffers in place instead of copying them.
         self.tape.clear();
+        let _step = trace::span("optimizer", "optimizer step");
         self.optimizer.step(self.net.params_mut(), &self.grads)?;
         Ok(StepOutput { loss, output })
     }

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mirra_autograd::Tape;
+use mirra_device::trace;
 use mirra_nn::{Loss, Reduction, Sequential};
 use mirra_optim::Optimizer;
 use mirra_strategy::{split_batch, Communicator, GradientReducer, MirroredStrategy};
@@ -298,8 +299,11 @@ fn replica_step(
     reducer.begin(sync)?;
     let mut part = (0.0, None);
     if let Some([x, y]) = shard {
+        let forward = trace::span("compute", "forward");
         let out = net.forward(tape, x.clone(), true, rng)?;
         let loss = loss_fn.compute(&out, y, Reduction::Sum)?.scale(scale)?;
+        drop(forward);
+        let _backward = trace::span("compute", "backward");
         tape.backward_with(&loss, |key, g| {
             reducer.grad_ready(comm, key, g).map_err(|e| e.to_string())
         })?;
@@ -310,7 +314,11 @@ fn replica_step(
     }
     // Release the tape's references to the parameters so the update is in place.
     tape.clear();
-    if let Some(grads) = reducer.finish(comm)? {
+    let finish = trace::span("comm", "finish the gradient reduction");
+    let reduced = reducer.finish(comm)?;
+    drop(finish);
+    if let Some(grads) = reduced {
+        let _step = trace::span("optimizer", "optimizer step");
         optimizer.step(net.params_mut(), &grads)?;
         reducer.reclaim(grads);
     }

@@ -50,6 +50,11 @@ pub struct TrainArgs {
     /// after every epoch; a resumed run's holds every epoch of the run.
     #[arg(long, value_name = "FILE")]
     pub history: Option<PathBuf>,
+    /// Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the training to FILE:
+    /// per replica thread, forward, backward, each gradient bucket's copy, all-reduce and
+    /// wait, the optimizer step; the progress threads' collectives.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Write TensorBoard event files (per-epoch loss, accuracy, learning rate, samples/s)
     /// to DIR/train and DIR/validation; view them with `tensorboard --logdir DIR`.
     #[arg(long, value_name = "DIR")]

@@ -2,7 +2,8 @@
 //!
 //! A path that cannot be written is a usage error (exit 2) naming the flag and the path,
 //! found at once rather than after the training it was to record: `--history` (the file,
-//! or the directory it would be created in), `--logdir`, and `--checkpoint-dir`, which is
+//! or the directory it would be created in), `--trace` (likewise), `--logdir`, and
+//! `--checkpoint-dir`, which is
 //! created if needed, locked for the run (an advisory `flock`, released when the process
 //! ends, even by SIGKILL: two runs would mix their files, and a restart after a crash is
 //! not refused), and rid of the temporary files a save killed before its rename left.
@@ -31,6 +32,9 @@ fn usage(flag: &'static str) -> impl Fn(TrainError) -> Failure {
 pub fn prepare(args: &TrainArgs) -> Result<Outputs, Failure> {
     if let Some(path) = &args.history {
         check_writable(path).map_err(usage("--history"))?;
+    }
+    if let Some(path) = &args.trace {
+        check_writable(path).map_err(usage("--trace"))?;
     }
     if let Some(dir) = &args.logdir {
         ensure_writable_dir(dir).map_err(usage("--logdir"))?;

@@ -133,9 +133,27 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         warn("mirra train: standard output is closed: nothing trained");
         return Ok(());
     }
-    let history = model
-        .fit(&train, Some(&validation), &config, &mut callbacks)
-        .map_err(|e| run_err(&e))?;
+    if args.trace.is_some() {
+        mirra::device::trace::start();
+    }
+    let fitted = model.fit(&train, Some(&validation), &config, &mut callbacks);
+    if let Some(path) = &args.trace {
+        // Written whether training ended well or not: a trace of a failure shows it too.
+        let trace = mirra::device::trace::stop();
+        let mut bytes = Vec::new();
+        trace
+            .write_json(&mut bytes)
+            .and_then(|()| {
+                mirra::train::fsutil::write_atomic(path, &bytes).map_err(std::io::Error::other)
+            })
+            .map_err(|e| Failure::Run(format!("--trace {}: {e}", path.display())))?;
+        print_line(&format!(
+            "Trace of {} spans written to {} (open it in chrome://tracing or ui.perfetto.dev)",
+            trace.events.len(),
+            path.display()
+        ));
+    }
+    let history = fitted.map_err(|e| run_err(&e))?;
     if stdout_closed() {
         let done = history.epochs.last().map_or(initial_epoch, |e| e + 1);
         let resume = match &args.checkpoint_dir {

@@ -159,3 +159,70 @@ fn a_directory_without_mnist_files_names_what_is_missing() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("t10k-images"), "{err}");
 }
+
+/// `--trace FILE`: a Chrome trace where each replica thread shows its forward, backward,
+/// optimizer step and gradient buckets, and the progress threads the all-reduces they ran.
+#[test]
+fn a_trace_shows_each_replica_and_its_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let out = mirra(&[
+        "train",
+        "--epochs",
+        "1",
+        "--replicas",
+        "2",
+        "--bucket-mb",
+        "0.1",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let thread = |name: &str| {
+        events
+            .iter()
+            .find(|e| e["ph"] == "M" && e["args"]["name"] == name)
+            .map(|e| e["tid"].clone())
+    };
+    let spans_on = |tid: &serde_json::Value| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && &e["tid"] == tid)
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    for replica in ["mirra-replica-0", "mirra-replica-1"] {
+        let tid = thread(replica).unwrap_or_else(|| panic!("no thread {replica} in the trace"));
+        let names = spans_on(&tid);
+        for want in [
+            "forward",
+            "backward",
+            "optimizer step",
+            "finish the gradient reduction",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{replica}: no {want}");
+        }
+        assert!(
+            names.iter().any(|n| n.starts_with("copy gradient ")),
+            "{replica}: no bucket copies"
+        );
+        // 437 KB of gradients in 0.1 MiB buckets: some are submitted during backward.
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("submit all-reduce of bucket")),
+            "{replica}: no bucket submitted during backward"
+        );
+    }
+    let progress = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "all_reduce (progress thread)")
+        .count();
+    assert!(progress > 0, "no all-reduce on a progress thread");
+    // Every span has a start and a non-negative duration.
+    for e in events.iter().filter(|e| e["ph"] == "X") {
+        assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() >= 0.0);
+    }
+}

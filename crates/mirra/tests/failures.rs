@@ -262,6 +262,7 @@ fn every_output_path_is_checked_before_training() {
     let under_file = file.join("x");
     for (flag, needles) in [
         ("--history", vec!["--history: cannot write", s(&under_file)]),
+        ("--trace", vec!["--trace: cannot write", s(&under_file)]),
         ("--logdir", vec!["--logdir: cannot write", s(&under_file)]),
         (
             "--checkpoint-dir",
