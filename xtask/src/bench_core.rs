@@ -510,7 +510,7 @@ pub fn print_table(r: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flags::args;
+    use crate::cli::args;
 
     #[test]
     fn flags_parse_and_bad_flags_are_usage_errors() {

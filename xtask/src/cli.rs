@@ -21,3 +21,9 @@ pub fn parse<T: Parser>(name: &str, args: &[String]) -> Result<Option<T>, Failur
         )),
     }
 }
+
+/// Owned arguments from string literals (tests of the commands' flags).
+#[cfg(test)]
+pub fn args(s: &[&str]) -> Vec<String> {
+    s.iter().map(|a| a.to_string()).collect()
+}

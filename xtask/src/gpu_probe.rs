@@ -131,11 +131,11 @@ mod tests {
 
     #[test]
     fn flags_are_checked() {
-        let bad = cli::parse::<Args>("xtask gpu-probe", &crate::flags::args(&["--copy-mib", "0"]));
+        let bad = cli::parse::<Args>("xtask gpu-probe", &crate::cli::args(&["--copy-mib", "0"]));
         assert_eq!(bad.unwrap_err().code, 2);
-        let bad = cli::parse::<Args>("xtask gpu-probe", &crate::flags::args(&["--bogus"]));
+        let bad = cli::parse::<Args>("xtask gpu-probe", &crate::cli::args(&["--bogus"]));
         assert_eq!(bad.unwrap_err().code, 2);
-        let a = cli::parse::<Args>("xtask gpu-probe", &crate::flags::args(&["--quick"]))
+        let a = cli::parse::<Args>("xtask gpu-probe", &crate::cli::args(&["--quick"]))
             .unwrap()
             .unwrap();
         assert!(a.quick && a.device == 0 && a.copy_mib == 1024);

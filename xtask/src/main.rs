@@ -1,15 +1,14 @@
 //! `cargo xtask`: the one entry point that people and CI share.
 //!
-//! Commands are dispatched by hand (no argument-parsing dependency): the first argument
-//! names the command, the rest are its flags. Unknown commands and flags are an error
-//! line and exit status 2.
+//! Commands and their flags are parsed by clap (`cargo xtask --help`, `cargo xtask
+//! <command> --help`): each command's module holds its flags and its parser. Unknown
+//! commands and flags are one error and exit status 2.
 
 mod bench_collectives;
 mod bench_core;
 mod bench_mirrored;
 mod cli;
 mod compare;
-mod flags;
 mod gpu_bundle;
 mod gpu_probe;
 mod json;
@@ -35,45 +34,43 @@ mod torch_mlp;
 
 use std::process::ExitCode;
 
-/// The commands: name, one-line description, and whether it is written yet.
-const COMMANDS: &[(&str, &str, bool)] = &[
-    (
-        "bench",
-        "matmul vs numpy, MLP training vs PyTorch, mirra train itself, subnormals, peak RSS -> target/bench/core.json",
-        true,
-    ),
-    (
-        "bench-collectives",
-        "nccl-tests tables of the CPU collectives, copy curve, OpenMPI and gloo beside -> target/bench/collectives.json",
-        true,
-    ),
-    (
-        "bench-mirrored",
-        "MLP samples/s with 1, 2, 4 replicas per collective, exposed comm -> target/bench/mirrored.json",
-        true,
-    ),
-    (
-        "scaling",
-        "modelled samples/s, efficiency on NVLink/PCIe/IB machines -> target/bench/scaling-model.json",
-        true,
-    ),
-    (
-        "report",
-        "scaling report, measured and modelled, SVG plots, baseline check -> target/reports/",
-        true,
-    ),
-    (
-        "gpu-probe",
-        "probe the GPU: libraries, context, 1 GiB round trip, cuBLAS, NVRTC kernel, NCCL",
-        true,
-    ),
-    (
-        "gpu-bundle",
-        "one folder (< 64 MiB) to run on a GPU machine: binaries, GPU tests, ci/gpu-check.sh",
-        true,
-    ),
-    ("help", "this message", true),
-];
+/// `cargo xtask`'s commands. Each one parses its own flags with clap (`cargo xtask
+/// <command> --help`), so their arguments pass through untouched.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "mirra's developer commands: benchmarks, reports, the GPU bundle"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The flags of one command, handed to its own parser.
+#[derive(Debug, clap::Args)]
+#[command(disable_help_flag = true)]
+struct Rest {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    args: Vec<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// matmul vs numpy, MLP training vs PyTorch, mirra train itself, subnormals, peak RSS -> target/bench/core.json
+    Bench(Rest),
+    /// nccl-tests tables of the CPU collectives, the copy rate beside, OpenMPI and gloo -> target/bench/collectives.json
+    BenchCollectives(Rest),
+    /// MLP training per replica count and collective, what communication costs -> target/bench/mirrored.json
+    BenchMirrored(Rest),
+    /// The scaling model (NVLink, PCIe, IB), its checks (--validate), this machine measured -> target/bench/
+    Scaling(Rest),
+    /// The scaling report, measured and modelled, SVG plots, baseline check -> target/reports/
+    Report(Rest),
+    /// Probe the GPU: libraries, context, 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL
+    GpuProbe(Rest),
+    /// One folder (< 64 MiB) to run on a GPU machine: binaries, GPU tests, ci/gpu-check.sh
+    GpuBundle(Rest),
+}
 
 /// An error that ends the command: a message and the exit status.
 #[derive(Debug)]
@@ -105,58 +102,22 @@ impl Failure {
     }
 }
 
-fn usage() -> String {
-    let mut s = String::from("usage: cargo xtask <command> [flags]\n\ncommands:\n");
-    for (name, what, _) in COMMANDS {
-        s.push_str(&format!("  {name:<18} {what}\n"));
-    }
-    s.push_str(&format!(
-        "\n`cargo xtask bench-collectives` flags:\n{}",
-        bench_collectives::FLAGS_HELP
-    ));
-    s.push_str(&format!(
-        "\n`cargo xtask bench-mirrored` flags:\n{}",
-        bench_mirrored::FLAGS_HELP
-    ));
-    s.push_str(&format!(
-        "\n`cargo xtask scaling` flags:\n{}",
-        scaling::FLAGS_HELP
-    ));
-    s.push_str(&format!(
-        "\n`cargo xtask report` flags:\n{}",
-        report::FLAGS_HELP
-    ));
-    s
-}
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        None => Err(Failure::usage(format!(
-            "xtask: no command given\n\n{}",
-            usage()
-        ))),
-        Some("help" | "--help" | "-h") => {
-            print!("{}", usage());
-            Ok(())
+    let cli = match <Cli as clap::Parser>::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
-        Some("bench") => bench_core::run(&args[1..]),
-        Some("bench-collectives") => bench_collectives::run(&args[1..]),
-        Some("bench-mirrored") => bench_mirrored::run(&args[1..]),
-        Some("scaling") => scaling::run(&args[1..]),
-        Some("report") => report::run(&args[1..]),
-        Some("gpu-probe") => gpu_probe::run(&args[1..]),
-        Some("gpu-bundle") => gpu_bundle::run(&args[1..]),
-        Some(cmd) => match COMMANDS.iter().find(|(name, _, _)| *name == cmd) {
-            Some((_, _, false)) => Err(Failure::run(format!(
-                "xtask: `{cmd}` is not written yet (it comes with the collectives and the \
-                 mirrored strategy)"
-            ))),
-            _ => Err(Failure::usage(format!(
-                "xtask: unknown command `{cmd}`\n\n{}",
-                usage()
-            ))),
-        },
+    };
+    let result = match cli.command {
+        Command::Bench(r) => bench_core::run(&r.args),
+        Command::BenchCollectives(r) => bench_collectives::run(&r.args),
+        Command::BenchMirrored(r) => bench_mirrored::run(&r.args),
+        Command::Scaling(r) => scaling::run(&r.args),
+        Command::Report(r) => report::run(&r.args),
+        Command::GpuProbe(r) => gpu_probe::run(&r.args),
+        Command::GpuBundle(r) => gpu_bundle::run(&r.args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -31,18 +31,6 @@ use crate::nccl::size_label;
 use crate::paths::bench_file;
 use crate::{cli, scaling_measured, Failure};
 
-/// The flags of `cargo xtask scaling`, for the usage message (`--help` has them all).
-pub const FLAGS_HELP: &str =
-    "  --topology NAME [--model M] [--replicas 1,2,4] [--batch N] [--bucket-mb X] [--out FILE]
-                     modelled: a preset (dgx-h100, dgx-a100, 4xv100-nvlink, ib-<N>node, ...)
-  --validate [--ablate NAME] [--quick] [--out FILE]
-                     every check of the model, this machine measured now; exit 1 when one
-                     is outside its band (--ablate no-comm, double-bandwidth, ...: must fail)
-  [--quick] [--replicas 1,2,4] [--out FILE]
-                     measured mode (without --topology or --validate)
-  (`cargo xtask scaling --help` describes every flag)
-";
-
 /// The model whose per-layer backward timings are measured here rather than cited.
 pub const MEASURED_MODEL: &str = "mnist-mlp";
 
@@ -631,7 +619,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    use crate::flags::args;
+    use crate::cli::args;
 
     fn parse(flags: &[&str]) -> Result<Options, Failure> {
         let a = cli::parse::<Args>("xtask scaling", &args(flags))?.expect("not --help");

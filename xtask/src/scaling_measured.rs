@@ -15,7 +15,7 @@
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mirra::autograd::Tape;
 use mirra::collectives::{Config, BACKENDS};
@@ -30,12 +30,11 @@ use mirra_scaling::profile::LayerProfile;
 use mirra_scaling::ModelProfile;
 use serde_json::{json, Value};
 
-use crate::bench_mirrored::{plan, throughput};
 use crate::json::{num, save};
 use crate::nccl::Op;
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::ranks::{Group, Job};
-use crate::timing::{median, Plan};
+use crate::timing::{measure, median, Plan};
 use crate::{bench_collectives, machine, mlp, Failure};
 
 /// Samples per replica of the measured rows.
@@ -162,6 +161,47 @@ impl Options {
             out,
         }
     }
+}
+
+/// Timing plan of the training measurements.
+fn plan(quick: bool) -> Plan {
+    if quick {
+        Plan {
+            warm_up: Duration::from_millis(100),
+            repeats: 3,
+            min_repeat: Duration::from_millis(100),
+        }
+    } else {
+        Plan {
+            warm_up: Duration::from_millis(500),
+            repeats: 7,
+            min_repeat: Duration::from_millis(400),
+        }
+    }
+}
+
+/// Samples/s of back-to-back training steps at `global_batch` on a few synthetic batches,
+/// and where the distributed steps' time went (zero without a strategy). Step times of a
+/// few seconds, compared between replica counts measured the same way: the model does not
+/// converge in that time, so cycling a few batches changes nothing here, unlike in
+/// `bench` and `bench-mirrored`, which time whole epochs of real data.
+fn throughput(
+    strategy: Option<Arc<MirroredStrategy>>,
+    global_batch: usize,
+    plan: Plan,
+) -> Result<(f64, mirra::train::CommStats), String> {
+    let mut model = mlp::compile(strategy)?;
+    let data = mlp::synthetic_batches(global_batch)?;
+    let mut i = 0usize;
+    let mut step = || -> Result<(), String> {
+        let (x, y) = &data[i % data.len()];
+        i += 1;
+        model.train_step(x.clone(), y).map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    let samples = measure(plan, &mut step)?;
+    let stats = model.comm_stats().unwrap_or_default();
+    Ok((global_batch as f64 / samples.median(), stats))
 }
 
 /// The measured mode.

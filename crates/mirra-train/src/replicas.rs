@@ -64,6 +64,9 @@ pub struct CommStats {
     /// Load imbalance: per step, how much longer the replicas waited on average than the
     /// last one to finish backward (they waited for it, not for the network), seconds.
     pub imbalance_seconds: f64,
+    /// Gradient buckets per step. With one, nothing can overlap: the only bucket is
+    /// complete when backward ends, and its whole all-reduce is exposed.
+    pub buckets: usize,
 }
 
 impl CommStats {
@@ -150,7 +153,13 @@ impl Mirrors {
 
     /// The communication statistics since the last call (which resets them).
     pub(crate) fn take_stats(&mut self) -> CommStats {
-        std::mem::take(&mut self.stats)
+        CommStats {
+            buckets: self
+                .reducers
+                .first()
+                .map_or(0, GradientReducer::num_buckets),
+            ..std::mem::take(&mut self.stats)
+        }
     }
 
     /// Every replica's network, replica 0's first (for tests of the invariants).

@@ -49,16 +49,6 @@ use inputs::*;
 use plots::*;
 use render::*;
 
-/// The flags of `cargo xtask report`, for the usage message (`--help` describes them).
-pub const FLAGS_HELP: &str =
-    "  --measure          measure first (`cargo xtask scaling`), even if target/bench has results
-  --no-measure       never measure; report what target/bench holds
-                     (default: measure, quickly, only when scaling-measured.json or
-                     collectives.json is missing)
-  --quick            measure quickly (`cargo xtask scaling --quick`), as CI does
-  --update-baseline  rewrite benches/baselines/scaling.json from this run
-";
-
 /// `cargo xtask report` flags.
 #[derive(Debug, Parser)]
 #[command(
@@ -348,7 +338,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
-    use crate::flags::args;
+    use crate::cli::args;
 
     /// A scratch directory, removed when dropped.
     struct Scratch(PathBuf);
