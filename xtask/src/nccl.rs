@@ -41,12 +41,15 @@ impl Op {
         }
     }
 
-    /// nccl-tests' bus-bandwidth factor at `n` ranks.
+    /// nccl-tests' bus-bandwidth factor at `n` ranks (all-reduce's is the scaling model's,
+    /// which costs it: one definition).
     pub fn bus_factor(self, n: usize) -> f64 {
-        let n = n.max(1) as f64;
         match self {
-            Op::AllReduce => 2.0 * (n - 1.0) / n,
-            Op::ReduceScatter | Op::AllGather => (n - 1.0) / n,
+            Op::AllReduce => mirra_scaling::schedule::bus_factor(n),
+            Op::ReduceScatter | Op::AllGather => {
+                let n = n.max(1) as f64;
+                (n - 1.0) / n
+            }
             Op::Broadcast => 1.0,
         }
     }

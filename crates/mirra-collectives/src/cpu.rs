@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mirra_device::{Buffer, Device};
+use mirra_device::Buffer;
 
 use crate::algo::{self, Algorithm, BACKENDS};
 use crate::collective::Collective;
@@ -35,7 +35,7 @@ use crate::error::{CollectiveError, Result};
 use crate::pending::Pending;
 use crate::progress::Progress;
 use crate::reduce::{ReduceOp, SUPPORTED_DTYPES};
-use crate::transport::{Cause, Ctx, Desc, Group, Stop, MAX_WORLD_SIZE};
+use crate::transport::{Cause, Ctx, Desc, Group, Place, Stop, MAX_WORLD_SIZE};
 
 /// Make a group of `world_size` communicators whose ranks are threads of this process,
 /// running the algorithm named `backend` (one of [`BACKENDS`]). Element `r` is rank `r`:
@@ -214,8 +214,8 @@ fn inplace(kind: Collective, buf: &mut Buffer, op: ReduceOp, root: usize) -> Des
         root,
         dtype_in: buf.dtype(),
         dtype_out: buf.dtype(),
-        dev_in: buf.device(),
-        dev_out: buf.device(),
+        dev_in: Place::of(buf.device()),
+        dev_out: Place::of(buf.device()),
         len_in: buf.len(),
         len_out: buf.len(),
         src: ptr.cast_const(),
@@ -230,8 +230,8 @@ fn send_recv(kind: Collective, send: &Buffer, recv: &mut Buffer, op: ReduceOp) -
         root: 0,
         dtype_in: send.dtype(),
         dtype_out: recv.dtype(),
-        dev_in: send.device(),
-        dev_out: recv.device(),
+        dev_in: Place::of(send.device()),
+        dev_out: Place::of(recv.device()),
         len_in: send.len(),
         len_out: recv.len(),
         src: send.as_bytes().as_ptr(),
@@ -352,11 +352,11 @@ fn verdict(g: &Group, seq: u64, op: Collective, backend: &'static str) -> Result
     for rank in 0..n {
         let x = d(rank);
         for dev in [x.dev_in, x.dev_out] {
-            if dev != Device::Cpu {
+            if dev != Place::Cpu {
                 return Err(CollectiveError::UnsupportedDevice {
                     op,
                     rank,
-                    device: dev,
+                    device: dev.to_string(),
                     backend,
                 });
             }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use mirra_device::{DType, Device};
+use mirra_device::DType;
 
 use crate::collective::Collective;
 use crate::reduce::ReduceOp;
@@ -145,8 +145,8 @@ pub enum CollectiveError {
         op: Collective,
         /// The rank that passed it.
         rank: usize,
-        /// Where the buffer lives.
-        device: Device,
+        /// Where the buffer lives (`cuda:0`).
+        device: String,
         /// The backend.
         backend: &'static str,
     },

@@ -119,7 +119,7 @@ pub fn reduce_scatter(inputs: &[&Buffer], op: ReduceOp) -> Result<Vec<Buffer>> {
                 CollectiveError::UnsupportedDevice {
                     op: Collective::ReduceScatter,
                     rank: r,
-                    device: full.device(),
+                    device: full.device().to_string(),
                     backend: "reference",
                 }
             })?;
@@ -138,7 +138,7 @@ pub fn all_gather(inputs: &[&Buffer]) -> Result<Buffer> {
         CollectiveError::UnsupportedDevice {
             op: Collective::AllGather,
             rank: 0,
-            device,
+            device: device.to_string(),
             backend: "reference",
         }
     })?;

@@ -109,8 +109,8 @@ pub(crate) struct Desc {
     pub root: usize,
     pub dtype_in: DType,
     pub dtype_out: DType,
-    pub dev_in: Device,
-    pub dev_out: Device,
+    pub dev_in: Place,
+    pub dev_out: Place,
     /// Elements behind `src`.
     pub len_in: usize,
     /// Elements behind `dst`.
@@ -131,8 +131,8 @@ impl Desc {
             root: 0,
             dtype_in: DType::U8,
             dtype_out: DType::U8,
-            dev_in: Device::Cpu,
-            dev_out: Device::Cpu,
+            dev_in: Place::Cpu,
+            dev_out: Place::Cpu,
             len_in: 0,
             len_out: 0,
             src: std::ptr::null(),
@@ -157,17 +157,43 @@ fn index_of<T: PartialEq>(all: &[T], x: &T) -> u64 {
     all.iter().position(|y| y == x).unwrap_or(0) as u64
 }
 
-fn device_code(d: Device) -> usize {
-    match d {
-        Device::Cpu => 0,
-        Device::Cuda(i) => i.saturating_add(1),
+/// Where a posted buffer lives, as the peers read it back from the slot: a number, since a
+/// [`Device::Cuda`] can only be made by asking the driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Place {
+    Cpu,
+    Cuda(usize),
+}
+
+impl Place {
+    pub(crate) fn of(d: Device) -> Place {
+        match d.cuda_ordinal() {
+            None => Place::Cpu,
+            Some(i) => Place::Cuda(i),
+        }
+    }
+
+    fn code(self) -> usize {
+        match self {
+            Place::Cpu => 0,
+            Place::Cuda(i) => i.saturating_add(1),
+        }
+    }
+
+    fn from_code(code: usize) -> Place {
+        match code {
+            0 => Place::Cpu,
+            i => Place::Cuda(i - 1),
+        }
     }
 }
 
-fn device_from(code: usize) -> Device {
-    match code {
-        0 => Device::Cpu,
-        i => Device::Cuda(i - 1),
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Cpu => write!(f, "cpu"),
+            Place::Cuda(i) => write!(f, "cuda:{i}"),
+        }
     }
 }
 
@@ -195,9 +221,8 @@ impl Slot {
             | index_of(&DTYPES, &d.dtype_out) << 24;
         self.tags.store(tags, Ordering::Relaxed);
         self.root.store(d.root, Ordering::Relaxed);
-        self.dev_in.store(device_code(d.dev_in), Ordering::Relaxed);
-        self.dev_out
-            .store(device_code(d.dev_out), Ordering::Relaxed);
+        self.dev_in.store(d.dev_in.code(), Ordering::Relaxed);
+        self.dev_out.store(d.dev_out.code(), Ordering::Relaxed);
         self.len_in.store(d.len_in, Ordering::Relaxed);
         self.len_out.store(d.len_out, Ordering::Relaxed);
         self.src.store(d.src.cast_mut(), Ordering::Relaxed);
@@ -213,8 +238,8 @@ impl Slot {
             dtype_in: DTYPES[field(16) % DTYPES.len()],
             dtype_out: DTYPES[field(24) % DTYPES.len()],
             root: self.root.load(Ordering::Relaxed),
-            dev_in: device_from(self.dev_in.load(Ordering::Relaxed)),
-            dev_out: device_from(self.dev_out.load(Ordering::Relaxed)),
+            dev_in: Place::from_code(self.dev_in.load(Ordering::Relaxed)),
+            dev_out: Place::from_code(self.dev_out.load(Ordering::Relaxed)),
             len_in: self.len_in.load(Ordering::Relaxed),
             len_out: self.len_out.load(Ordering::Relaxed),
             src: self.src.load(Ordering::Relaxed).cast_const(),

@@ -9,13 +9,16 @@
 //! Layers, bottom up (no module imports one above it):
 //! - [`error`]: [`CudaError`], one enum for every library's failures, naming the call;
 //! - [`library`]: which shared libraries are present, and where they were loaded from;
+//! - [`devices`]: how many devices the driver sees, and whether one exists;
 //! - [`probe`]: the GPU probe that `cargo xtask gpu-probe` runs first on a lent GPU
 //!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL).
 
+pub mod devices;
 pub mod error;
 pub mod library;
 pub mod probe;
 
+pub use devices::{check_device, device_count};
 pub use error::{CudaError, Result};
 pub use library::Library;
 

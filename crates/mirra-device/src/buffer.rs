@@ -130,7 +130,10 @@ impl Buffer {
 fn check_device(device: Device) -> Result<()> {
     match device {
         Device::Cpu => Ok(()),
-        Device::Cuda(ordinal) => Err(DeviceError::NotCompiledWithCuda { ordinal }),
+        device @ Device::Cuda(_) => Err(DeviceError::NotOnDevice {
+            op: "allocate a buffer",
+            device,
+        }),
     }
 }
 

@@ -3,11 +3,16 @@ use crate::{DType, Device};
 /// Errors of device and buffer handling.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
-    /// A CUDA device was requested from a build without the `cuda` feature.
-    #[error("device cuda:{ordinal} requested, but mirra was built without CUDA support")]
-    NotCompiledWithCuda {
-        /// The requested device ordinal.
-        ordinal: usize,
+    /// CUDA could not be used: no driver, no such device, or a failed call.
+    #[error(transparent)]
+    Cuda(#[from] mirra_cuda::CudaError),
+    /// An operation that has no CUDA implementation yet was asked of a CUDA buffer.
+    #[error("{op} on {device}: device buffers are not implemented yet (CPU only for now)")]
+    NotOnDevice {
+        /// The operation.
+        op: &'static str,
+        /// The device.
+        device: Device,
     },
     /// A typed view asked for a different element type than the buffer holds.
     #[error("buffer holds {actual} elements, but {requested} was requested")]

@@ -1,9 +1,10 @@
 //! Devices, element types and device buffers.
 //!
 //! Everything above this crate moves data through [`Buffer`]s that live on a [`Device`].
-//! Only the CPU exists today; a CUDA device is a variant of the same enum, and asking for
-//! one in a build without CUDA support is an error ([`DeviceError::NotCompiledWithCuda`]),
-//! never a compile failure, so every caller builds and tests everywhere.
+//! Buffers live on the CPU today. A CUDA device is a variant of the same enum that only
+//! [`Device::cuda`] makes, after the driver (loaded at run time through `mirra-cuda`)
+//! reported it: without a driver the answer is an error (`no CUDA driver found`), never a
+//! compile failure or a panic, so every caller builds and tests everywhere.
 
 mod buffer;
 pub mod denormals;
@@ -16,7 +17,7 @@ pub mod sync;
 pub mod trace;
 
 pub use buffer::Buffer;
-pub use device::Device;
+pub use device::{CudaDevice, Device};
 pub use dtype::{DType, Element, FloatElement};
 pub use error::DeviceError;
 pub use pool::{pool_stats, PoolStats};
