@@ -18,7 +18,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use mirra::autograd::Tape;
-use mirra::collectives::{Config, BACKENDS};
+use mirra::collectives::{Config, BACKENDS, NOOP};
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use mirra::nn::{Loss, Reduction};
 use mirra::strategy::{MirroredStrategy, StrategyConfig, DEFAULT_BUCKET_BYTES};
@@ -348,58 +348,6 @@ fn copy_rate(bytes: usize, threads: usize) -> f64 {
     (threads * bytes * rounds) as f64 / slowest / 1e9
 }
 
-/// Multiply-adds of integer arithmetic per thread per measurement of [`parallel_cores`]:
-/// about 60 ms of one core, long enough to see how the scheduler shares the cores over
-/// several of its periods rather than in one burst.
-const SPIN_ITERS: u64 = 120_000_000;
-
-/// Lock steps of [`spin_s`]: the work is cut into this many pieces, with a barrier after
-/// each, as replicas meet at every step's all-reduce.
-const SPIN_STEPS: u64 = 60;
-
-/// How long `threads` threads take, started together, to each run [`SPIN_ITERS`] steps of
-/// a dependent chain of integer arithmetic (no memory traffic) in [`SPIN_STEPS`] lock steps,
-/// so that the slowest thread of each step holds the others up, as a straggling replica
-/// does: the slowest one's seconds.
-fn spin_s(threads: usize) -> f64 {
-    let barrier = Barrier::new(threads);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|i| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    barrier.wait();
-                    let t0 = Instant::now();
-                    let mut x = black_box(i as u64 + 1);
-                    for piece in 0..SPIN_STEPS {
-                        for step in 0..SPIN_ITERS / SPIN_STEPS {
-                            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(step);
-                        }
-                        black_box(x);
-                        if piece + 1 < SPIN_STEPS {
-                            barrier.wait();
-                        }
-                    }
-                    t0.elapsed().as_secs_f64()
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap_or(f64::INFINITY))
-            .fold(0.0, f64::max)
-    })
-}
-
-/// How many of `cores` cores this process can use at once now: `cores` threads of pure
-/// arithmetic in lock step against one, `cores x T(1) / T(cores)`, between 1 and `cores`.
-/// On an idle machine it is `cores`; other work, or a CPU quota, leaves fewer.
-fn parallel_cores(cores: usize) -> f64 {
-    let one = spin_s(1);
-    let all = spin_s(cores);
-    (cores as f64 * one / all).clamp(1.0, cores as f64)
-}
-
 /// One round of the host measurements.
 struct HostRound {
     /// The cores usable at once.
@@ -414,9 +362,27 @@ struct HostRound {
     sync_s: Vec<(usize, f64)>,
 }
 
+/// How many of `cores` cores the replicas' own work gets at once: `cores` replicas of the
+/// MLP step with one kernel thread each, communicating nothing (the no-op group), against
+/// one replica alone, `samples/s(cores) / samples/s(1)` at 64 per replica, between 1 and
+/// `cores`. Unlike threads of pure arithmetic, it sees what the steps' threads
+/// share: caches, memory bandwidth, a physical core's vector units (two vCPUs that are one
+/// core's hyperthreads double integer arithmetic but not FMAs), the replica threads'
+/// hand-offs. The model of shared cores (`mirra_scaling::host`) then stretches time by it.
+fn workload_parallel_cores(cores: usize, plan: Plan) -> Result<f64, Failure> {
+    let alone = |replicas: usize| {
+        StrategyConfig::cpu(replicas)
+            .with_collective(NOOP)
+            .with_threads_per_replica(1)
+    };
+    let one = training(alone(1), plan)?.0;
+    let all = training(alone(cores), plan)?.0;
+    Ok((all / one).clamp(1.0, cores as f64))
+}
+
 fn host_round(cores: usize, bucket_bytes: usize, quick: bool) -> Result<HostRound, Failure> {
     let plan = plan(quick);
-    let parallel = parallel_cores(cores);
+    let parallel = workload_parallel_cores(cores, plan)?;
     let mut training_rates = vec![];
     for replicas in std::iter::once(1).chain(HOST_REPLICAS) {
         let config = StrategyConfig::cpu(replicas).with_collective(HOST_COLLECTIVE);
@@ -464,7 +430,7 @@ fn host_round(cores: usize, bucket_bytes: usize, quick: bool) -> Result<HostRoun
     // Measured before and after the rest of the round, which takes a few seconds: the cores
     // other work leaves free move.
     Ok(HostRound {
-        parallel: 0.5 * (parallel + parallel_cores(cores)),
+        parallel: 0.5 * (parallel + workload_parallel_cores(cores, plan)?),
         training: training_rates,
         steps,
         profiles,
@@ -563,14 +529,6 @@ mod tests {
         assert_eq!(o.replicas, [1, 2, 4]);
         assert_eq!(Options::new(false, None, None).replicas, REPLICAS);
         assert_eq!(Options::new(false, Some(vec![1, 8]), None).replicas, [1, 8]);
-    }
-
-    #[test]
-    fn usable_cores_lie_between_one_and_all() {
-        let cores = machine::cores();
-        let c = parallel_cores(cores);
-        assert!((1.0..=cores as f64).contains(&c), "{c} of {cores}");
-        assert!(spin_s(1) > 0.0);
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! was measured on it at run time (nothing here is a constant of any CPU).
 //!
 //! Replicas are threads sharing `cores` cores; each computes with `k = max(1, cores / N)`
-//! kernel threads (the strategy's default). Of those cores the process can use `c` at a
-//! time (measured: how much faster `cores` threads of pure arithmetic go than one; `c =
-//! cores` on an idle machine, less when other work shares it). When more threads are busy
+//! kernel threads (the strategy's default). Of those cores the replicas' work gets `c` at a
+//! time (measured: how much faster `cores` replicas of the step with one thread each go,
+//! communicating nothing, than one alone; `c = cores` where the cores share nothing, less
+//! where they share caches, memory bandwidth or a physical core's vector units, or other
+//! work takes some). When more threads are busy
 //! than that, they take turns, so every time a replica spends is stretched by how much more
 //! they share the cores than the one-replica step measured alone with `k` threads did:
 //! `f = max(1, N k / c) / max(1, k / c)`. The gradients go through the reducer's buckets
@@ -48,8 +50,9 @@ pub struct SyncSample {
 pub struct HostMeasurements {
     /// The cores the replicas share.
     pub cores: usize,
-    /// How many of them the process could use at once when measured (`1..=cores`): the
-    /// speedup of `cores` threads of pure arithmetic over one.
+    /// How many of them the replicas' work gets at once when measured (`1..=cores`): the
+    /// speedup of `cores` replicas of the step (one kernel thread each, no communication)
+    /// over one.
     pub parallel_cores: f64,
     /// The gradient bucket cap, bytes (the strategy's).
     pub bucket_bytes: usize,
