@@ -187,6 +187,62 @@ pub fn remove_stale_temporaries(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(removed)
 }
 
+/// Remove the temporary files that writers of the one file `path` left beside it when they
+/// were killed before their rename (`.{name}.tmp{pid}` whose process no longer exists), and
+/// return their paths. For an output file outside a locked directory (`--history`,
+/// `--trace`): a live writer's temporary file, this process's included, is left alone.
+pub fn remove_dead_temporaries_of(path: &Path) -> Result<Vec<PathBuf>> {
+    let file = match target(path).map_err(io_error(path))? {
+        Target::Stream => return Ok(vec![]),
+        Target::Regular(resolved) => resolved,
+        Target::Absent => path.to_path_buf(),
+    };
+    let Some(name) = file.file_name().and_then(|n| n.to_str()) else {
+        return Ok(vec![]);
+    };
+    let prefix = format!(".{name}{TEMPORARY_MARKER}");
+    let dir = parent_dir(&file);
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        // The directory does not exist yet: nothing was left in it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(io_error(dir)(e)),
+    };
+    let mut removed = vec![];
+    for entry in entries {
+        let entry = entry.map_err(io_error(dir))?;
+        let entry_name = entry.file_name();
+        let Some(pid) = entry_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if process_exists(pid) || !entry.file_type().map_err(io_error(dir))?.is_file() {
+            continue;
+        }
+        let path = entry.path();
+        std::fs::remove_file(&path).map_err(io_error(&path))?;
+        removed.push(path);
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Whether a process `pid` exists (this one included): `kill(pid, 0)` succeeds, or fails
+/// only for want of permission.
+fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; kill only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// True for the names of [`write_atomic`]'s temporary files: `.`, a name, `.tmp`, digits.
 fn is_temporary_name(name: &str) -> bool {
     let Some(rest) = name.strip_prefix('.') else {
@@ -384,6 +440,38 @@ mod tests {
         for name in keep {
             assert!(dir.path().join(name).exists(), "{name}");
         }
+    }
+
+    #[test]
+    fn dead_writers_temporaries_of_one_file_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        // A process that has exited and been reaped: its pid names no process.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let ours = std::process::id();
+        let history = dir.path().join("history.json");
+        let stale = format!(".history.json.tmp{dead}");
+        let keep = [
+            format!(".history.json.tmp{ours}"),
+            format!(".other.json.tmp{dead}"),
+            ".history.json.tmpx".to_string(),
+            "history.json.tmp1".to_string(),
+        ];
+        for name in keep.iter().chain([&stale]) {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        assert_eq!(
+            remove_dead_temporaries_of(&history).unwrap(),
+            vec![dir.path().join(&stale)]
+        );
+        for name in &keep {
+            assert!(dir.path().join(name).exists(), "{name}");
+        }
+        // A file in a directory that does not exist yet has nothing beside it.
+        assert!(remove_dead_temporaries_of(&dir.path().join("new/h.json"))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

@@ -75,8 +75,9 @@ pub struct TrainArgs {
     #[arg(long, value_parser = threads, allow_negative_numbers = true)]
     pub threads: Option<usize>,
     /// Train on N replicas in sync (the mirrored strategy; on CPU, N threads): the global
-    /// batch (--batch-size) is split among them and their gradients all-reduced.
-    #[arg(long, value_name = "N", value_parser = positive, allow_negative_numbers = true)]
+    /// batch (--batch-size) is split among them and their gradients all-reduced. At most
+    /// the batch size (every replica needs an example) and 1024.
+    #[arg(long, value_name = "N", value_parser = replicas, allow_negative_numbers = true)]
     pub replicas: Option<usize>,
     /// The all-reduce algorithm of --replicas: ring, tree, reduce-to-one or direct.
     #[arg(long, value_name = "NAME", default_value = "ring", value_parser = collective)]
@@ -118,6 +119,17 @@ fn positive(s: &str) -> Result<usize, String> {
         (Err(_), Ok(_)) => Err(format!("{s} is too large")),
         (Err(_), Err(_)) => Err(format!("'{s}' is not a whole number")),
     }
+}
+
+/// The most replicas `--replicas` accepts: each is a thread holding a full model.
+pub const MAX_REPLICAS: usize = 1024;
+
+fn replicas(s: &str) -> Result<usize, String> {
+    let n = positive(s)?;
+    if n > MAX_REPLICAS {
+        return Err(format!("{n} replicas, but at most {MAX_REPLICAS}"));
+    }
+    Ok(n)
 }
 
 fn positive_f64(s: &str) -> Result<f64, String> {

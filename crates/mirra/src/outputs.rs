@@ -6,11 +6,14 @@
 //! `--checkpoint-dir`, which is
 //! created if needed, locked for the run (an advisory `flock`, released when the process
 //! ends, even by SIGKILL: two runs would mix their files, and a restart after a crash is
-//! not refused), and rid of the temporary files a save killed before its rename left.
+//! not refused), and rid of the temporary files a save killed before its rename left. The
+//! temporary files a killed run left beside `--history` and `--trace` go too (those of
+//! writers that no longer exist: these files are not under the lock).
 
 use mirra::train::console::print_line;
 use mirra::train::fsutil::{
-    check_writable, ensure_writable_dir, remove_stale_temporaries, DirLock,
+    check_writable, ensure_writable_dir, remove_dead_temporaries_of, remove_stale_temporaries,
+    DirLock,
 };
 use mirra::train::TrainError;
 
@@ -30,11 +33,12 @@ fn usage(flag: &'static str) -> impl Fn(TrainError) -> Failure {
 
 /// Check every output path of `args`; create, lock and clean `--checkpoint-dir`.
 pub fn prepare(args: &TrainArgs) -> Result<Outputs, Failure> {
-    if let Some(path) = &args.history {
-        check_writable(path).map_err(usage("--history"))?;
-    }
-    if let Some(path) = &args.trace {
-        check_writable(path).map_err(usage("--trace"))?;
+    for (flag, path) in [("--history", &args.history), ("--trace", &args.trace)] {
+        let Some(path) = path else { continue };
+        check_writable(path).map_err(usage(flag))?;
+        // A run killed while replacing the file left its temporary file beside it.
+        let removed = remove_dead_temporaries_of(path).map_err(usage(flag))?;
+        report_removed(&removed, path.parent().unwrap_or(path));
     }
     if let Some(dir) = &args.logdir {
         ensure_writable_dir(dir).map_err(usage("--logdir"))?;
@@ -48,21 +52,27 @@ pub fn prepare(args: &TrainArgs) -> Result<Outputs, Failure> {
     let lock = DirLock::acquire(dir).map_err(usage("--checkpoint-dir"))?;
     // Under the lock no other run writes here: every temporary file is a dead one's.
     let removed = remove_stale_temporaries(dir).map_err(usage("--checkpoint-dir"))?;
-    if !removed.is_empty() {
-        let names: Vec<String> = removed
-            .iter()
-            .filter_map(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned())
-            .collect();
-        print_line(&format!(
-            "Removed {} temporary file{} left in {} by a save that was killed: {}",
-            removed.len(),
-            if removed.len() == 1 { "" } else { "s" },
-            dir.display(),
-            names.join(", ")
-        ));
-    }
+    report_removed(&removed, dir);
     Ok(Outputs {
         _checkpoint_lock: Some(lock),
     })
+}
+
+/// One line naming the temporary files removed from `dir`, if any.
+fn report_removed(removed: &[std::path::PathBuf], dir: &std::path::Path) {
+    if removed.is_empty() {
+        return;
+    }
+    let names: Vec<String> = removed
+        .iter()
+        .filter_map(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    print_line(&format!(
+        "Removed {} temporary file{} left in {} by a save that was killed: {}",
+        removed.len(),
+        if removed.len() == 1 { "" } else { "s" },
+        dir.display(),
+        names.join(", ")
+    ));
 }

@@ -21,6 +21,13 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             mirra::models::MODEL_NAMES.join(", ")
         )));
     };
+    if let Some(replicas) = args.replicas.filter(|&r| r > args.batch_size) {
+        return Err(Failure::Usage(format!(
+            "--replicas {replicas} is more than --batch-size {}: every replica needs at least \
+             one example of the global batch",
+            args.batch_size
+        )));
+    }
     // Before anything is loaded or trained: a bad output path fails now.
     let _outputs = crate::outputs::prepare(&args)?;
     if let Some(t) = args.threads {

@@ -474,6 +474,47 @@ fn temporary_files_of_a_killed_save_are_removed_at_the_next_start() {
     );
 }
 
+/// `--replicas` had no upper bound: 100000 replica threads were attempted.
+#[test]
+fn replicas_beyond_the_batch_or_the_cap_are_refused() {
+    assert_usage_error(
+        &train(&["--epochs", "1", "--replicas", "100000"]),
+        &["--replicas", "100000 replicas, but at most 1024"],
+    );
+    assert_usage_error(
+        &mirra(&[
+            "train",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--replicas",
+            "8",
+        ]),
+        &["--replicas 8 is more than --batch-size 4"],
+    );
+}
+
+/// A run killed while replacing its `--history` left `.history.json.tmp<PID>` beside it.
+#[test]
+fn temporary_files_a_killed_run_left_beside_its_history_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let history = dir.path().join("history.json");
+    let stale = dir.path().join(format!(".history.json.tmp{dead}"));
+    std::fs::write(&stale, b"half a history").unwrap();
+    let out = train(&["--epochs", "1", "--history", s(&history)]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!stale.exists() && history.exists());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("Removed 1 temporary file left in"),
+        "{stdout}"
+    );
+}
+
 /// A child process killed when the test ends, even by a failed assertion.
 struct KillOnDrop(std::process::Child);
 
