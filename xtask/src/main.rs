@@ -12,6 +12,7 @@ mod compare;
 mod gpu_bundle;
 mod gpu_probe;
 mod json;
+mod kernels;
 #[cfg(test)]
 mod layers;
 
@@ -70,6 +71,8 @@ enum Command {
     GpuProbe(Rest),
     /// One folder (< 64 MiB) to run on a GPU machine: binaries, GPU tests, ci/gpu-check.sh
     GpuBundle(Rest),
+    /// Compile the CUDA kernels to PTX (sm_80, sm_90) with NVRTC and ptxas; --check: CI's
+    Kernels(Rest),
 }
 
 /// An error that ends the command: a message and the exit status.
@@ -116,6 +119,7 @@ fn main() -> ExitCode {
         Command::BenchMirrored(r) => bench_mirrored::run(&r.args),
         Command::Scaling(r) => scaling::run(&r.args),
         Command::Report(r) => report::run(&r.args),
+        Command::Kernels(r) => kernels::run(&r.args),
         Command::GpuProbe(r) => gpu_probe::run(&r.args),
         Command::GpuBundle(r) => gpu_bundle::run(&r.args),
     };

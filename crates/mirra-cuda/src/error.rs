@@ -64,6 +64,12 @@ pub enum CudaError {
         /// NCCL's result code, by name.
         code: String,
     },
+    /// What this build of mirra cannot do on this device, or a kernel it does not have.
+    #[error("{what}")]
+    Unsupported {
+        /// What, in words.
+        what: String,
+    },
     /// A result computed on the device differs from the host's.
     #[error("{what}: {detail}")]
     WrongResult {

@@ -10,11 +10,14 @@
 //! - [`error`]: [`CudaError`], one enum for every library's failures, naming the call;
 //! - [`library`]: which shared libraries are present, and where they were loaded from;
 //! - [`devices`]: how many devices the driver sees, and whether one exists;
+//! - [`kernels`]: mirra's own kernels, as PTX compiled by `cargo xtask kernels` from
+//!   `kernels/*.cu` and committed under `ptx/`, their op codes, and their loader;
 //! - [`probe`]: the GPU probe that `cargo xtask gpu-probe` runs first on a lent GPU
 //!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL).
 
 pub mod devices;
 pub mod error;
+pub mod kernels;
 pub mod library;
 pub mod probe;
 
