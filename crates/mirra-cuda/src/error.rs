@@ -64,6 +64,18 @@ pub enum CudaError {
         /// NCCL's result code, by name.
         code: String,
     },
+    /// The device has too little free memory, even after the caching allocator released
+    /// every cached block.
+    #[error(
+        "CUDA device out of memory: {bytes} bytes requested with {in_use} bytes in use by \
+         mirra (a smaller batch, or another process on the device?)"
+    )]
+    OutOfMemory {
+        /// The request's size class.
+        bytes: usize,
+        /// Bytes mirra's allocator had handed out.
+        in_use: usize,
+    },
     /// What this build of mirra cannot do on this device, or a kernel it does not have.
     #[error("{what}")]
     Unsupported {

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
 use crate::error::Context;
@@ -150,6 +150,9 @@ pub const MAX_RANK: usize = 8;
 // (u64 arrays and a u64: no padding), passed by value.
 unsafe impl cudarc::driver::DeviceRepr for Broadcast {}
 
+/// Threads per block of every launch (a multiple of the warp, at most `MIRRA_MAX_BLOCK`).
+pub const BLOCK: u32 = 256;
+
 /// The kernels of one device: modules loaded on first use, functions looked up by name.
 pub struct Kernels {
     ctx: Arc<CudaContext>,
@@ -180,6 +183,34 @@ impl Kernels {
             capability,
             loaded: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The launch of a grid-stride kernel over `n` elements: blocks of [`BLOCK`] threads, as
+    /// many as cover `n` up to 32 per multiprocessor (each thread then loops).
+    pub fn grid(&self, n: usize) -> LaunchConfig {
+        let sms = self
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .unwrap_or(1)
+            .max(1) as usize;
+        let blocks = n.div_ceil(BLOCK as usize).clamp(1, 32 * sms);
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The launch of a kernel with one block per line (`reduce_rows_*`, `softmax_*`):
+    /// `lines` blocks up to 65535 (each block then loops over lines).
+    pub fn per_line(&self, lines: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (lines.clamp(1, 65535) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// The kernel `name` (`<kernel>_<dtype>`), loading its module on first use.
@@ -398,5 +429,301 @@ mod tests {
         assert!(e.contains("compute capability 7.5"), "{e}");
         assert!(MODULES[0].ptx_for(8, 6).unwrap().contains("sm_80"));
         assert!(MODULES[0].ptx_for(10, 0).unwrap().contains("sm_90"));
+    }
+}
+
+/// The kernels run on a GPU against the CPU's formulas, written out here on the host
+/// (`#[ignore]`d without a device; the GPU bundle runs them). Bitwise where the kernel and
+/// the CPU do the same IEEE operations in the same order (no FMA contraction); a stated ulp
+/// bound where a library function (exp, log) or a different order of additions is involved.
+#[cfg(test)]
+mod gpu {
+    use super::*;
+    use cudarc::driver::{CudaSlice, CudaStream, PushKernelArg};
+    use half::bf16;
+
+    fn gpu() -> (Arc<CudaContext>, Arc<CudaStream>, Kernels) {
+        crate::check_device(0).expect("needs a CUDA device");
+        let ctx = CudaContext::new(0).unwrap();
+        let stream = ctx.default_stream();
+        let k = Kernels::new(ctx.clone()).unwrap();
+        (ctx, stream, k)
+    }
+
+    /// Values spread over about [-4, 4], some exactly 0, from a fixed seed.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if i % 17 == 0 {
+                    0.0
+                } else {
+                    ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+                }
+            })
+            .collect()
+    }
+
+    fn ulps(a: f32, b: f32) -> u32 {
+        if a.is_nan() && b.is_nan() {
+            return 0;
+        }
+        let key = |x: f32| {
+            let b = x.to_bits() as i32;
+            if b < 0 {
+                i32::MIN - b
+            } else {
+                b
+            }
+        };
+        key(a).abs_diff(key(b))
+    }
+
+    fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        stream: &Arc<CudaStream>,
+        d: &CudaSlice<T>,
+    ) -> Vec<T> {
+        stream.clone_dtoh(d).unwrap()
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn every_kernel_loads_on_the_device() {
+        let (_ctx, _s, k) = gpu();
+        for m in MODULES {
+            for name in m.entries() {
+                k.function(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn unary_and_binary_kernels_match_the_cpu_formulas() {
+        let (_ctx, stream, k) = gpu();
+        let n = 100_003;
+        let (xa, xb) = (values(n, 1), values(n, 2));
+        let (a, b) = (
+            stream.clone_htod(&xa).unwrap(),
+            stream.clone_htod(&xb).unwrap(),
+        );
+        let mut y = stream.alloc_zeros::<f32>(n).unwrap();
+        let len = n as u64;
+        // (op, host formula, ulp bound): IEEE operations are exact to the bit.
+        type Host = fn(f32) -> f32;
+        let unary: [(UnaryKernel, Host, u32); 6] = [
+            (UnaryKernel::Relu, |x| if x < 0.0 { 0.0 } else { x }, 0),
+            (UnaryKernel::Neg, |x| -x, 0),
+            (UnaryKernel::Square, |x| x * x, 0),
+            (UnaryKernel::Recip, |x| 1.0 / x, 0),
+            (UnaryKernel::Sqrt, |x| x.sqrt(), 0),
+            (UnaryKernel::Exp, |x| x.exp(), 2),
+        ];
+        let f = k.function("unary_f32").unwrap();
+        for (op, host, bound) in unary {
+            let mut l = stream.launch_builder(&f);
+            let code = op as i32;
+            l.arg(&code).arg(&a).arg(&mut y).arg(&len);
+            // SAFETY: unary_f32(int, const float*, float*, u64), both arrays of n elements.
+            unsafe { l.launch(k.grid(n)) }.unwrap();
+            let got = download(&stream, &y);
+            for (i, (&g, &x)) in got.iter().zip(&xa).enumerate() {
+                let want = host(x);
+                assert!(ulps(g, want) <= bound, "{op:?}({x}) at {i}: {g} vs {want}");
+            }
+        }
+        type Host2 = fn(f32, f32) -> f32;
+        let binary: [(BinaryKernel, Host2); 5] = [
+            (BinaryKernel::Add, |a, b| a + b),
+            (BinaryKernel::Sub, |a, b| a - b),
+            (BinaryKernel::Mul, |a, b| a * b),
+            (BinaryKernel::Div, |a, b| a / b),
+            (BinaryKernel::Maximum, |a, b| {
+                if a > b || a.is_nan() {
+                    a
+                } else {
+                    b
+                }
+            }),
+        ];
+        let f = k.function("binary_f32").unwrap();
+        for (op, host) in binary {
+            let mut l = stream.launch_builder(&f);
+            let code = op as i32;
+            l.arg(&code).arg(&a).arg(&b).arg(&mut y).arg(&len);
+            // SAFETY: binary_f32(int, const float*, const float*, float*, u64).
+            unsafe { l.launch(k.grid(n)) }.unwrap();
+            let got = download(&stream, &y);
+            for i in 0..n {
+                let want = host(xa[i], xb[i]);
+                assert!(
+                    ulps(got[i], want) == 0,
+                    "{op:?} at {i}: {} vs {want}",
+                    got[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn broadcasting_reads_each_operand_by_its_strides() {
+        let (_ctx, stream, k) = gpu();
+        // [3, 4] + [4]: the row vector broadcast along dim 0.
+        let (xa, xb) = (values(12, 3), values(4, 4));
+        let (a, b) = (
+            stream.clone_htod(&xa).unwrap(),
+            stream.clone_htod(&xb).unwrap(),
+        );
+        let mut y = stream.alloc_zeros::<f32>(12).unwrap();
+        let mut s = Broadcast {
+            rank: 2,
+            ..Broadcast::default()
+        };
+        s.dims[..2].copy_from_slice(&[3, 4]);
+        s.a_strides[..2].copy_from_slice(&[4, 1]);
+        s.b_strides[..2].copy_from_slice(&[0, 1]);
+        let f = k.function("binary_broadcast_f32").unwrap();
+        let (code, len) = (BinaryKernel::Add as i32, 12u64);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&code).arg(&a).arg(&b).arg(&mut y).arg(&len).arg(&s);
+        // SAFETY: binary_broadcast_f32(int, a, b, y, u64, Broadcast): a has 12, b 4, y 12.
+        unsafe { l.launch(k.grid(12)) }.unwrap();
+        let got = download(&stream, &y);
+        for i in 0..12 {
+            assert_eq!(got[i].to_bits(), (xa[i] + xb[i % 4]).to_bits(), "at {i}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn adam_matches_the_cpu_update_bit_for_bit() {
+        let (_ctx, stream, k) = gpu();
+        let n = 65_537;
+        let (p0, g) = (values(n, 5), values(n, 6));
+        let mut p = stream.clone_htod(&p0).unwrap();
+        let gd = stream.clone_htod(&g).unwrap();
+        let mut m = stream.alloc_zeros::<f32>(n).unwrap();
+        let mut v = stream.alloc_zeros::<f32>(n).unwrap();
+        let (alpha, b1, b2, eps, decay) = (1e-3f64, 0.1f64, 0.001f64, 1e-7f64, 1.0f64);
+        let f = k.function("adam_f32").unwrap();
+        let (null, len) = (0u64, n as u64);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&mut p)
+            .arg(&gd)
+            .arg(&mut m)
+            .arg(&mut v)
+            .arg(&null)
+            .arg(&len);
+        l.arg(&alpha).arg(&b1).arg(&b2).arg(&eps).arg(&decay);
+        // SAFETY: adam_f32(p, g, m, v, vhat = null, n, alpha, 1-b1, 1-b2, eps, decay).
+        unsafe { l.launch(k.grid(n)) }.unwrap();
+        let got = download(&stream, &p);
+        let (alpha, b1, b2, eps, decay) =
+            (alpha as f32, b1 as f32, b2 as f32, eps as f32, decay as f32);
+        for i in 0..n {
+            let gi = g[i];
+            let mi = 0.0 + (gi - 0.0) * b1;
+            let vi = 0.0 + (gi * gi - 0.0) * b2;
+            let want = p0[i] * decay - mi * alpha / (vi.sqrt() + eps);
+            assert_eq!(
+                got[i].to_bits(),
+                want.to_bits(),
+                "p[{i}]: {} vs {want}",
+                got[i]
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn row_reductions_and_softmax_match_the_host() {
+        let (_ctx, stream, k) = gpu();
+        let (rows, n) = (257, 1000);
+        let x = values(rows * n, 7);
+        let xd = stream.clone_htod(&x).unwrap();
+        let mut y = stream.alloc_zeros::<f32>(rows).unwrap();
+        let f = k.function("reduce_rows_f32").unwrap();
+        for op in [ReduceKernel::Sum, ReduceKernel::Max] {
+            let (code, r, len) = (op as i32, rows as u64, n as u64);
+            let mut l = stream.launch_builder(&f);
+            l.arg(&code).arg(&xd).arg(&mut y).arg(&r).arg(&len);
+            // SAFETY: reduce_rows_f32(int, x [rows, n], y [rows], rows, n).
+            unsafe { l.launch(k.per_line(rows)) }.unwrap();
+            let got = download(&stream, &y);
+            for (i, row) in x.chunks(n).enumerate() {
+                let want = match op {
+                    ReduceKernel::Max => row.iter().copied().fold(f32::MIN, f32::max),
+                    _ => row.iter().map(|&v| v as f64).sum::<f64>() as f32,
+                };
+                // A sum in another order: within 1e-5 of the row's absolute sum.
+                let scale: f32 = row.iter().map(|v| v.abs()).sum();
+                assert!(
+                    (got[i] - want).abs() <= 1e-5 * scale,
+                    "{op:?} row {i}: {} vs {want}",
+                    got[i]
+                );
+            }
+        }
+        let mut s = stream.alloc_zeros::<f32>(rows * n).unwrap();
+        let f = k.function("softmax_f32").unwrap();
+        let (outer, len, inner, log) = (rows as u64, n as u64, 1u64, 1i32);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&xd)
+            .arg(&mut s)
+            .arg(&outer)
+            .arg(&len)
+            .arg(&inner)
+            .arg(&log);
+        // SAFETY: softmax_f32(x, y, outer, n, inner, log), both [rows, n].
+        unsafe { l.launch(k.per_line(rows)) }.unwrap();
+        let got = download(&stream, &s);
+        for (row, out) in x.chunks(n).zip(got.chunks(n)) {
+            let m = row.iter().copied().fold(f32::MIN, f32::max) as f64;
+            let lse = row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+            for (&v, &o) in row.iter().zip(out) {
+                let want = (v as f64 - m - lse) as f32;
+                assert!(
+                    (o - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "{o} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn casts_round_as_the_cpu_and_the_collective_reduction_wraps_integers() {
+        let (_ctx, stream, k) = gpu();
+        let n = 4099;
+        let x = values(n, 8);
+        let xd = stream.clone_htod(&x).unwrap();
+        let mut y = stream.alloc_zeros::<bf16>(n).unwrap();
+        let f = k.function("cast_f32_bf16").unwrap();
+        let len = n as u64;
+        let mut l = stream.launch_builder(&f);
+        l.arg(&xd).arg(&mut y).arg(&len);
+        // SAFETY: cast_f32_bf16(const float*, bf16*, u64).
+        unsafe { l.launch(k.grid(n)) }.unwrap();
+        let got = download(&stream, &y);
+        for i in 0..n {
+            assert_eq!(got[i].to_bits(), bf16::from_f32(x[i]).to_bits(), "at {i}");
+        }
+        let a: Vec<i32> = vec![i32::MAX, -5, 7, i32::MIN];
+        let b: Vec<i32> = vec![1, -6, 8, -1];
+        let mut ad = stream.clone_htod(&a).unwrap();
+        let bd = stream.clone_htod(&b).unwrap();
+        let f = k.function("reduce_into_i32").unwrap();
+        let (code, len) = (ReduceKernel::Sum as i32, 4u64);
+        let mut l = stream.launch_builder(&f);
+        l.arg(&code).arg(&mut ad).arg(&bd).arg(&len);
+        // SAFETY: reduce_into_i32(int, int* dst, const int* src, u64), 4 each.
+        unsafe { l.launch(k.grid(4)) }.unwrap();
+        let got = download(&stream, &ad);
+        let want: Vec<i32> = a.iter().zip(&b).map(|(x, y)| x.wrapping_add(*y)).collect();
+        assert_eq!(got, want);
     }
 }

@@ -10,11 +10,14 @@
 //! - [`error`]: [`CudaError`], one enum for every library's failures, naming the call;
 //! - [`library`]: which shared libraries are present, and where they were loaded from;
 //! - [`devices`]: how many devices the driver sees, and whether one exists;
+//! - [`allocator`]: the caching allocator of device memory (free lists per stream and
+//!   size class, bytes in use and held, their peaks), generic over the driver's calls;
 //! - [`kernels`]: mirra's own kernels, as PTX compiled by `cargo xtask kernels` from
 //!   `kernels/*.cu` and committed under `ptx/`, their op codes, and their loader;
 //! - [`probe`]: the GPU probe that `cargo xtask gpu-probe` runs first on a lent GPU
 //!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL).
 
+pub mod allocator;
 pub mod devices;
 pub mod error;
 pub mod kernels;
