@@ -164,7 +164,7 @@ fn values<T: Reducible>(inputs: Inputs, op: ReduceOp, r: usize, len: usize) -> V
 }
 
 fn same<T: Reducible>(what: &str, got: &Buffer, want: &[T]) -> Result<(), String> {
-    let (g, w) = (got.as_bytes(), buf(want));
+    let (g, w) = (got.as_bytes().map_err(|e| e.to_string())?, buf(want));
     if got.len() != want.len() {
         return Err(format!(
             "{what}: {} elements, want {}",
@@ -173,7 +173,11 @@ fn same<T: Reducible>(what: &str, got: &Buffer, want: &[T]) -> Result<(), String
         ));
     }
     // Bitwise: the closed form is exact, so every rank must produce exactly these bits.
-    match g.iter().zip(w.as_bytes()).position(|(a, b)| a != b) {
+    match g
+        .iter()
+        .zip(w.as_bytes().map_err(|e| e.to_string())?)
+        .position(|(a, b)| a != b)
+    {
         None => Ok(()),
         Some(byte) => {
             let i = byte / T::DTYPE.size_in_bytes();
@@ -536,7 +540,7 @@ fn prop_case<T: Reducible>(
     match kind {
         Prop::AllReduce => {
             for (r, o) in outs.iter().enumerate() {
-                if o.as_bytes() != outs[0].as_bytes() {
+                if o.as_bytes().unwrap() != outs[0].as_bytes().unwrap() {
                     return Err(format!("{}: differs bitwise from rank 0", what(r)));
                 }
             }
@@ -545,7 +549,7 @@ fn prop_case<T: Reducible>(
         Prop::Reduce(root) => {
             let root = root % n;
             for (r, o) in outs.iter().enumerate() {
-                if r != root && o.as_bytes() != inputs[r].as_bytes() {
+                if r != root && o.as_bytes().unwrap() != inputs[r].as_bytes().unwrap() {
                     return Err(format!("{}: non-root buffer changed", what(r)));
                 }
             }
@@ -556,7 +560,8 @@ fn prop_case<T: Reducible>(
                 let bytes = count * T::DTYPE.size_in_bytes();
                 let mut part = Buffer::zeros(T::DTYPE, count, Device::Cpu).unwrap();
                 part.as_bytes_mut()
-                    .copy_from_slice(&want.as_bytes()[r * bytes..(r + 1) * bytes]);
+                    .unwrap()
+                    .copy_from_slice(&want.as_bytes().unwrap()[r * bytes..(r + 1) * bytes]);
                 check_close::<T>(&what(r), o, &part, &slices, r * count, op)?;
             }
             Ok(())

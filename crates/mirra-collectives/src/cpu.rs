@@ -206,8 +206,19 @@ impl CpuCommunicator {
     }
 }
 
+/// The host address of a buffer's bytes; null for a buffer on a device, which the group's
+/// verdict refuses on every rank (`UnsupportedDevice`) before any pointer is used.
+fn host_ptr(buf: &Buffer) -> *const u8 {
+    buf.as_bytes().map_or(std::ptr::null(), <[u8]>::as_ptr)
+}
+
+fn host_ptr_mut(buf: &mut Buffer) -> *mut u8 {
+    buf.as_bytes_mut()
+        .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr)
+}
+
 fn inplace(kind: Collective, buf: &mut Buffer, op: ReduceOp, root: usize) -> Desc {
-    let ptr = buf.as_bytes_mut().as_mut_ptr();
+    let ptr = host_ptr_mut(buf);
     Desc {
         kind,
         op,
@@ -234,8 +245,8 @@ fn send_recv(kind: Collective, send: &Buffer, recv: &mut Buffer, op: ReduceOp) -
         dev_out: Place::of(recv.device()),
         len_in: send.len(),
         len_out: recv.len(),
-        src: send.as_bytes().as_ptr(),
-        dst: recv.as_bytes_mut().as_mut_ptr(),
+        src: host_ptr(send),
+        dst: host_ptr_mut(recv),
     }
 }
 

@@ -123,8 +123,9 @@ pub fn reduce_scatter(inputs: &[&Buffer], op: ReduceOp) -> Result<Vec<Buffer>> {
                     backend: "reference",
                 }
             })?;
-            b.as_bytes_mut()
-                .copy_from_slice(&full.as_bytes()[r * bytes..(r + 1) * bytes]);
+            b.as_bytes_mut().expect("a host buffer").copy_from_slice(
+                &full.as_bytes().expect("checked on the host")[r * bytes..(r + 1) * bytes],
+            );
             Ok(b)
         })
         .collect()
@@ -144,7 +145,8 @@ pub fn all_gather(inputs: &[&Buffer]) -> Result<Buffer> {
     })?;
     let bytes = len * dtype.size_in_bytes();
     for (r, b) in inputs.iter().enumerate() {
-        out.as_bytes_mut()[r * bytes..(r + 1) * bytes].copy_from_slice(b.as_bytes());
+        out.as_bytes_mut().expect("a host buffer")[r * bytes..(r + 1) * bytes]
+            .copy_from_slice(b.as_bytes().expect("checked on the host"));
     }
     Ok(out)
 }

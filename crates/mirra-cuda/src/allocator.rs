@@ -141,7 +141,11 @@ impl<R: RawMemory> Block<R> {
 
 impl<R: RawMemory> std::fmt::Debug for Block<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Block({:#x}, {} B, stream {:#x})", self.ptr, self.size, self.stream)
+        write!(
+            f,
+            "Block({:#x}, {} B, stream {:#x})",
+            self.ptr, self.size, self.stream
+        )
     }
 }
 
@@ -267,9 +271,7 @@ impl RawMemory for DriverMemory {
         // SAFETY: the context is current on this thread; the pointer is freed by `free`.
         match unsafe { result::malloc_sync(bytes) } {
             Ok(p) => Ok(p),
-            Err(e) if e.0 == cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
-                Err(RawError::OutOfMemory)
-            }
+            Err(e) if e.0 == cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => Err(RawError::OutOfMemory),
             Err(source) => Err(RawError::Other(CudaError::Driver {
                 op: "cuMemAlloc",
                 source,
@@ -319,7 +321,10 @@ mod tests {
 
         fn free(&mut self, ptr: u64) {
             let mut f = lock(&self.0);
-            let bytes = f.live.remove(&ptr).expect("freed a pointer that is not live");
+            let bytes = f
+                .live
+                .remove(&ptr)
+                .expect("freed a pointer that is not live");
             f.used -= bytes;
         }
     }

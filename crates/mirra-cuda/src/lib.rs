@@ -14,6 +14,8 @@
 //!   size class, bytes in use and held, their peaks), generic over the driver's calls;
 //! - [`kernels`]: mirra's own kernels, as PTX compiled by `cargo xtask kernels` from
 //!   `kernels/*.cu` and committed under `ptx/`, their op codes, and their loader;
+//! - [`runtime`]: one device as mirra uses it (context, stream, allocator, kernels) and
+//!   the device buffers that hold tensors' memory there;
 //! - [`probe`]: the GPU probe that `cargo xtask gpu-probe` runs first on a lent GPU
 //!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL).
 
@@ -23,6 +25,7 @@ pub mod error;
 pub mod kernels;
 pub mod library;
 pub mod probe;
+pub mod runtime;
 
 pub use devices::{check_device, device_count};
 pub use error::{CudaError, Result};

@@ -283,9 +283,9 @@ fn decode(mut r: impl Read, storage: Storage, path: &Path) -> Result<Tensor> {
         .fold(ty.size() as u128, |acc, &d| acc.saturating_mul(d as u128));
     let data_len = storage.check_declared(path, &dims, header, expected)?;
     let elems = data_len / ty.size();
-    let mut buffer = Buffer::alloc(ty.dtype(), elems, Device::Cpu)
-        .map_err(|e| DataError::from(mirra_tensor::TensorError::from(e)))?;
-    let bytes = buffer.as_bytes_mut();
+    let device_error = |e| DataError::from(mirra_tensor::TensorError::from(e));
+    let mut buffer = Buffer::alloc(ty.dtype(), elems, Device::Cpu).map_err(device_error)?;
+    let bytes = buffer.as_bytes_mut().map_err(device_error)?;
     let start = bytes.len() - data_len;
     let got = read_up_to(&mut r, &mut bytes[start..]).map_err(read_err)?;
     if got < data_len {

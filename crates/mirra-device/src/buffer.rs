@@ -1,26 +1,42 @@
 use std::fmt;
 
+use mirra_cuda::runtime::DeviceBuffer;
+
 use crate::{pool, DType, Device, DeviceError, Element, Result};
 
 /// A contiguous run of elements of one [`DType`] on one [`Device`].
 ///
 /// Host memory is held as 8-byte words (so every element type is aligned) and comes from
-/// a per-thread recycling pool; dropping a buffer hands its memory back to that pool.
+/// a process-wide recycling pool; dropping a buffer hands its memory back to that pool.
+/// Device memory comes from the device's caching allocator (`mirra_cuda::allocator`).
+/// Reading a device buffer as a host slice is an error naming the device, never a silent
+/// copy: [`Buffer::to_device`] copies explicitly.
 pub struct Buffer {
-    words: Vec<u64>,
+    storage: Storage,
     len: usize,
     dtype: DType,
     device: Device,
+}
+
+/// Where a buffer's bytes are.
+enum Storage {
+    Host(Vec<u64>),
+    Cuda(DeviceBuffer),
 }
 
 impl Buffer {
     /// A buffer of `len` elements whose contents are unspecified (recycled memory). Use it
     /// for outputs that a kernel overwrites completely.
     pub fn alloc(dtype: DType, len: usize, device: Device) -> Result<Buffer> {
-        check_device(device)?;
-        let words = (len * dtype.size_in_bytes()).div_ceil(8);
+        let bytes = len * dtype.size_in_bytes();
+        let storage = match device {
+            Device::Cpu => Storage::Host(pool::take(bytes.div_ceil(8))),
+            Device::Cuda(d) => {
+                Storage::Cuda(mirra_cuda::runtime::runtime(d.ordinal())?.alloc(bytes)?)
+            }
+        };
         Ok(Buffer {
-            words: pool::take(words),
+            storage,
             len,
             dtype,
             device,
@@ -30,14 +46,20 @@ impl Buffer {
     /// A buffer of `len` zero elements.
     pub fn zeros(dtype: DType, len: usize, device: Device) -> Result<Buffer> {
         let mut b = Buffer::alloc(dtype, len, device)?;
-        b.words.fill(0);
+        match &mut b.storage {
+            Storage::Host(words) => words.fill(0),
+            Storage::Cuda(d) => d.fill_zero()?,
+        }
         Ok(b)
     }
 
-    /// A buffer holding a copy of `data`.
+    /// A buffer on `device` holding a copy of `data`.
     pub fn from_slice<T: Element>(data: &[T], device: Device) -> Result<Buffer> {
         let mut b = Buffer::alloc(T::DTYPE, data.len(), device)?;
-        b.as_mut_slice::<T>()?.copy_from_slice(data);
+        match &mut b.storage {
+            Storage::Host(_) => b.as_mut_slice::<T>()?.copy_from_slice(data),
+            Storage::Cuda(d) => d.upload(bytemuck::cast_slice(data))?,
+        }
         Ok(b)
     }
 
@@ -66,30 +88,63 @@ impl Buffer {
         self.len * self.dtype.size_in_bytes()
     }
 
-    /// The raw bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.size_in_bytes()]
+    /// The device memory, for a buffer on a CUDA device (what CUDA kernels read and write).
+    pub fn device_memory(&self) -> Option<&DeviceBuffer> {
+        match &self.storage {
+            Storage::Host(_) => None,
+            Storage::Cuda(d) => Some(d),
+        }
     }
 
-    /// The raw bytes, mutably.
-    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+    /// The device memory, mutably.
+    pub fn device_memory_mut(&mut self) -> Option<&mut DeviceBuffer> {
+        match &mut self.storage {
+            Storage::Host(_) => None,
+            Storage::Cuda(d) => Some(d),
+        }
+    }
+
+    fn not_on_host(&self, op: &'static str) -> DeviceError {
+        DeviceError::NotOnHost {
+            op,
+            device: self.device,
+        }
+    }
+
+    /// The raw bytes; an error for a buffer on a device.
+    pub fn as_bytes(&self) -> Result<&[u8]> {
         let n = self.size_in_bytes();
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..n]
+        match &self.storage {
+            Storage::Host(words) => Ok(&bytemuck::cast_slice(words)[..n]),
+            Storage::Cuda(_) => Err(self.not_on_host("read the bytes of a buffer")),
+        }
     }
 
-    /// The elements as `T`; an error when `T` is not the buffer's dtype.
+    /// The raw bytes, mutably; an error for a buffer on a device.
+    pub fn as_bytes_mut(&mut self) -> Result<&mut [u8]> {
+        let n = self.size_in_bytes();
+        let err = self.not_on_host("write the bytes of a buffer");
+        match &mut self.storage {
+            Storage::Host(words) => Ok(&mut bytemuck::cast_slice_mut(words)[..n]),
+            Storage::Cuda(_) => Err(err),
+        }
+    }
+
+    /// The elements as `T`; an error when `T` is not the buffer's dtype or the buffer is
+    /// on a device.
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         self.check::<T>()?;
-        Ok(bytemuck::cast_slice(self.as_bytes()))
+        Ok(bytemuck::cast_slice(self.as_bytes()?))
     }
 
-    /// The elements as `T`, mutably; an error when `T` is not the buffer's dtype.
+    /// The elements as `T`, mutably; an error when `T` is not the buffer's dtype or the
+    /// buffer is on a device.
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
         self.check::<T>()?;
-        Ok(bytemuck::cast_slice_mut(self.as_bytes_mut()))
+        Ok(bytemuck::cast_slice_mut(self.as_bytes_mut()?))
     }
 
-    /// Copy the contents of `src` (same dtype and length) into this buffer.
+    /// Copy the contents of `src` (same device, dtype and length) into this buffer.
     pub fn copy_from(&mut self, src: &Buffer) -> Result<()> {
         if self.device != src.device {
             return Err(DeviceError::DeviceMismatch {
@@ -111,8 +166,36 @@ impl Buffer {
                 rhs: src.len,
             });
         }
-        self.as_bytes_mut().copy_from_slice(src.as_bytes());
-        Ok(())
+        match (&mut self.storage, &src.storage) {
+            (Storage::Cuda(d), Storage::Cuda(s)) => Ok(d.copy_from(s)?),
+            _ => {
+                self.as_bytes_mut()?.copy_from_slice(src.as_bytes()?);
+                Ok(())
+            }
+        }
+    }
+
+    /// A copy of this buffer on `device` (host to device, device to host, or within one
+    /// place): the explicit copy that reading another device's memory needs.
+    pub fn to_device(&self, device: Device) -> Result<Buffer> {
+        let mut out = Buffer::alloc(self.dtype, self.len, device)?;
+        match (&mut out.storage, &self.storage) {
+            (Storage::Host(_), Storage::Host(_)) => out.copy_from(self)?,
+            (Storage::Cuda(d), Storage::Host(_)) => d.upload(self.as_bytes()?)?,
+            (Storage::Host(_), Storage::Cuda(s)) => {
+                let n = self.size_in_bytes();
+                let Storage::Host(words) = &mut out.storage else {
+                    unreachable!()
+                };
+                s.download(&mut bytemuck::cast_slice_mut(words)[..n])?;
+            }
+            (Storage::Cuda(d), Storage::Cuda(s)) if self.device == device => d.copy_from(s)?,
+            // Between two devices: through the host.
+            (Storage::Cuda(_), Storage::Cuda(_)) => {
+                out = self.to_device(Device::Cpu)?.to_device(device)?;
+            }
+        }
+        Ok(out)
     }
 
     fn check<T: Element>(&self) -> Result<()> {
@@ -127,22 +210,24 @@ impl Buffer {
     }
 }
 
-fn check_device(device: Device) -> Result<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        device @ Device::Cuda(_) => Err(DeviceError::NotOnDevice {
-            op: "allocate a buffer",
-            device,
-        }),
-    }
-}
-
 impl Clone for Buffer {
+    /// A copy in the same place. A device buffer is copied on its device; should the device
+    /// have no memory left for it, this panics as a host `Vec`'s clone aborts (use
+    /// [`Buffer::to_device`] to handle the error).
     fn clone(&self) -> Self {
-        let mut words = pool::take(self.words.len());
-        words.copy_from_slice(&self.words);
+        let storage = match &self.storage {
+            Storage::Host(words) => {
+                let mut copy = pool::take(words.len());
+                copy.copy_from_slice(words);
+                Storage::Host(copy)
+            }
+            Storage::Cuda(d) => Storage::Cuda(
+                d.try_clone()
+                    .unwrap_or_else(|e| panic!("copying a buffer on {}: {e}", self.device)),
+            ),
+        };
         Buffer {
-            words,
+            storage,
             len: self.len,
             dtype: self.dtype,
             device: self.device,
@@ -152,7 +237,9 @@ impl Clone for Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        pool::give(std::mem::take(&mut self.words));
+        if let Storage::Host(words) = &mut self.storage {
+            pool::give(std::mem::take(words));
+        }
     }
 }
 
@@ -185,6 +272,38 @@ mod tests {
         assert_eq!(b.as_slice::<bf16>().unwrap(), &h);
         let b = Buffer::from_slice(&[7u8, 8, 9], Device::Cpu).unwrap();
         assert_eq!(b.clone().as_slice::<u8>().unwrap(), &[7, 8, 9]);
+        let c = b.to_device(Device::Cpu).unwrap();
+        assert_eq!(c.as_slice::<u8>().unwrap(), &[7, 8, 9]);
+    }
+
+    #[test]
+    fn without_a_gpu_a_cuda_buffer_cannot_be_made() {
+        // No Device::Cuda exists without a driver and a device: Device::cuda says why.
+        if mirra_cuda::device_count().is_err() {
+            let e = Device::cuda(0).unwrap_err().to_string();
+            assert!(e.starts_with("no CUDA driver found"), "{e}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn device_buffers_round_trip_and_refuse_host_views() {
+        let gpu = Device::cuda(0).unwrap();
+        let data: Vec<f32> = (0..10_001).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let b = Buffer::from_slice(&data, gpu).unwrap();
+        let e = b.as_slice::<f32>().unwrap_err().to_string();
+        assert!(e.contains("cuda:0"), "{e}");
+        let z = Buffer::zeros(DType::F32, 3, gpu)
+            .unwrap()
+            .to_device(Device::Cpu)
+            .unwrap();
+        assert_eq!(z.as_slice::<f32>().unwrap(), &[0.0; 3]);
+        let mut copy = Buffer::alloc(DType::F32, data.len(), gpu).unwrap();
+        copy.copy_from(&b.clone()).unwrap();
+        let back = copy.to_device(Device::Cpu).unwrap();
+        assert_eq!(back.as_slice::<f32>().unwrap(), &data[..]);
+        let e = copy.copy_from(&back).unwrap_err().to_string();
+        assert!(e.contains("different devices"), "{e}");
     }
 
     #[test]

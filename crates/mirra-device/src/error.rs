@@ -14,6 +14,17 @@ pub enum DeviceError {
         /// The device.
         device: Device,
     },
+    /// A host view (a slice) of a buffer that lives on a device.
+    #[error(
+        "{op}: the buffer is on {device}, not in host memory; copy it to the host first \
+         (to_device(Device::Cpu))"
+    )]
+    NotOnHost {
+        /// The operation that needed host memory.
+        op: &'static str,
+        /// The device the buffer is on.
+        device: Device,
+    },
     /// A typed view asked for a different element type than the buffer holds.
     #[error("buffer holds {actual} elements, but {requested} was requested")]
     DTypeMismatch {

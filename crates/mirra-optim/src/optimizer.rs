@@ -565,7 +565,14 @@ mod tests {
 
     fn bits(ts: &[Tensor]) -> Vec<Vec<u8>> {
         ts.iter()
-            .map(|t| t.contiguous().unwrap().buffer().as_bytes().to_vec())
+            .map(|t| {
+                t.contiguous()
+                    .unwrap()
+                    .buffer()
+                    .as_bytes()
+                    .unwrap()
+                    .to_vec()
+            })
             .collect()
     }
 

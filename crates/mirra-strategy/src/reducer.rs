@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use mirra_collectives::{Communicator, Pending, ReduceOp};
 use mirra_device::{trace, Buffer, DType, Device};
-use mirra_tensor::Tensor;
+use mirra_tensor::{Tensor, TensorError};
 
 use crate::{Result, StrategyError};
 
@@ -178,7 +178,8 @@ impl GradientReducer {
             .ok_or_else(|| StrategyError::Invalid("reducer: step not begun".into()))?;
         let size = bucket.dtype.size_in_bytes();
         let n: usize = slot.dims.iter().product();
-        let dst = &mut storage.as_bytes_mut()[slot.offset * size..(slot.offset + n) * size];
+        let bytes = storage.as_bytes_mut().map_err(TensorError::from)?;
+        let dst = &mut bytes[slot.offset * size..(slot.offset + n) * size];
         match grad {
             Some(g) => {
                 let g = g.to_dtype(bucket.dtype)?.contiguous()?;

@@ -140,6 +140,20 @@ impl Tensor {
         &self.buffer
     }
 
+    /// This tensor on `device`: the same tensor when it is there already, otherwise a copy
+    /// of its buffer there, seen through the same layout (host to device, device to host).
+    /// The one way to read a device tensor's elements: host views of device memory are
+    /// errors, never silent copies.
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if self.device() == device {
+            return Ok(self.clone());
+        }
+        Ok(Tensor {
+            buffer: Arc::new(self.buffer.to_device(device)?),
+            layout: self.layout,
+        })
+    }
+
     /// A view of the same buffer with another layout.
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor {
@@ -174,7 +188,7 @@ impl Tensor {
         }
         let size = self.dtype().size_in_bytes();
         let start = self.layout.offset() * size;
-        Ok(&self.buffer.as_bytes()[start..start + self.elem_count() * size])
+        Ok(&self.buffer.as_bytes()?[start..start + self.elem_count() * size])
     }
 
     /// The buffer itself when this tensor is its only owner and views all of it in order

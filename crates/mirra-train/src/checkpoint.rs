@@ -616,7 +616,11 @@ struct Bytes {
 
 impl Bytes {
     fn new(t: &Tensor) -> std::result::Result<Bytes, String> {
-        let tensor = t.contiguous().map_err(|e| e.to_string())?;
+        // A checkpoint holds host bytes, whatever device trained: it resumes anywhere.
+        let tensor = t
+            .to_device(Device::Cpu)
+            .and_then(|t| t.contiguous())
+            .map_err(|e| e.to_string())?;
         // Checked here so that `data` cannot fail.
         tensor.as_bytes().map_err(|e| e.to_string())?;
         Ok(Bytes {
@@ -684,7 +688,10 @@ fn tensor_of(
     let n = view.shape().iter().product();
     let mut buffer = Buffer::alloc(dtype, n, Device::Cpu).map_err(|e| bad(&e))?;
     // safetensors has checked that the data is exactly `n` elements long.
-    buffer.as_bytes_mut().copy_from_slice(view.data());
+    buffer
+        .as_bytes_mut()
+        .map_err(|e| bad(&e))?
+        .copy_from_slice(view.data());
     Tensor::from_buffer(buffer, view.shape()).map_err(|e| bad(&e))
 }
 

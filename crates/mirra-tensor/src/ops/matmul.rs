@@ -99,7 +99,7 @@ fn gemm_batched<T: Element>(
     let out_shape = Shape::new(out_dims)?;
     let mut out = Buffer::alloc(T::DTYPE, out_shape.elem_count(), a.device())?;
     if k == 0 {
-        out.as_bytes_mut().fill(0);
+        out.as_bytes_mut()?.fill(0);
         return Tensor::from_buffer(out, out_dims);
     }
     let (ra, rb) = (a.rank(), b.rank());

@@ -1,0 +1,272 @@
+//! One CUDA device as mirra uses it: its context, the stream mirra's work is queued on,
+//! its caching allocator and its kernels ([`Runtime`], one per device per process, made
+//! on first use); and the device buffers that hold tensors' memory there
+//! ([`DeviceBuffer`]).
+//!
+//! Every copy and kernel of a device is queued on its runtime's stream, in program order,
+//! so one buffer's uses are ordered without events. A download waits for the stream.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{result, CudaContext, CudaStream};
+
+use crate::allocator::{Block, CachingAllocator, DriverMemory, MemoryStats};
+use crate::error::Context;
+use crate::kernels::Kernels;
+use crate::{devices, CudaError, Result};
+
+/// A device's context, stream, allocator and kernels.
+pub struct Runtime {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    allocator: CachingAllocator<DriverMemory>,
+    kernels: OnceLock<Kernels>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Runtime(cuda:{})", self.ordinal)
+    }
+}
+
+/// The runtime of device `ordinal`, made on first use (an error when there is no driver
+/// or no such device).
+pub fn runtime(ordinal: usize) -> Result<Arc<Runtime>> {
+    static RUNTIMES: OnceLock<Mutex<HashMap<usize, Arc<Runtime>>>> = OnceLock::new();
+    let mut map = RUNTIMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(rt) = map.get(&ordinal) {
+        return Ok(rt.clone());
+    }
+    devices::check_device(ordinal)?;
+    let ctx = CudaContext::new(ordinal).op("cuDevicePrimaryCtxRetain")?;
+    let stream = ctx.new_stream().op("cuStreamCreate")?;
+    let rt = Arc::new(Runtime {
+        ordinal,
+        allocator: CachingAllocator::new(DriverMemory::new(ctx.clone())),
+        ctx,
+        stream,
+        kernels: OnceLock::new(),
+    });
+    map.insert(ordinal, rt.clone());
+    Ok(rt)
+}
+
+impl Runtime {
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every copy and kernel of this device is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The allocator's counters (bytes in use and held, their peaks).
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.allocator.stats()
+    }
+
+    /// Start the allocator's peaks again from now.
+    pub fn reset_peak_memory(&self) {
+        self.allocator.reset_peaks()
+    }
+
+    /// mirra's kernels on this device (loaded module by module on first use).
+    pub fn kernels(&self) -> Result<&Kernels> {
+        if let Some(k) = self.kernels.get() {
+            return Ok(k);
+        }
+        let k = Kernels::new(self.ctx.clone())?;
+        Ok(self.kernels.get_or_init(|| k))
+    }
+
+    /// Wait until everything queued on the stream has run.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().op("cuStreamSynchronize")
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().op("cuCtxSetCurrent")
+    }
+
+    /// `bytes` of device memory, contents unspecified.
+    pub fn alloc(self: &Arc<Self>, bytes: usize) -> Result<DeviceBuffer> {
+        let block = self
+            .allocator
+            .alloc(bytes, self.stream.cu_stream() as u64)?;
+        Ok(DeviceBuffer {
+            block,
+            bytes,
+            rt: self.clone(),
+        })
+    }
+}
+
+/// Memory on one device, from its runtime's allocator; dropping it returns the block to
+/// the allocator's cache for the runtime's stream.
+pub struct DeviceBuffer {
+    block: Block<DriverMemory>,
+    bytes: usize,
+    rt: Arc<Runtime>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer({} B on cuda:{})",
+            self.bytes, self.rt.ordinal
+        )
+    }
+}
+
+impl DeviceBuffer {
+    /// The size in bytes (the request, not the allocator's size class).
+    pub fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> u64 {
+        self.block.ptr()
+    }
+
+    /// The runtime of the device it lives on.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
+    }
+
+    fn check_len(&self, op: &'static str, bytes: usize) -> Result<()> {
+        if bytes == self.bytes {
+            Ok(())
+        } else {
+            Err(CudaError::Unsupported {
+                what: format!("{op}: {bytes} bytes into a device buffer of {}", self.bytes),
+            })
+        }
+    }
+
+    /// Copy `src` (exactly this buffer's size) from the host, in stream order. Returns once
+    /// `src` may be reused (the driver stages pageable memory).
+    pub fn upload(&mut self, src: &[u8]) -> Result<()> {
+        self.check_len("upload", src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.rt.bind()?;
+        // SAFETY: the block holds at least `src.len()` bytes; the copy is queued on the
+        // stream that orders every use of the block.
+        unsafe { result::memcpy_htod_async(self.ptr(), src, self.rt.stream.cu_stream()) }
+            .op("cuMemcpyHtoDAsync")
+    }
+
+    /// Copy the contents to the host (exactly this buffer's size), after everything queued
+    /// before on the stream.
+    pub fn download(&self, dst: &mut [u8]) -> Result<()> {
+        self.check_len("download", dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.rt.bind()?;
+        // SAFETY: `dst` holds the buffer's size; the stream is synchronized before `dst`
+        // is read by the caller.
+        unsafe { result::memcpy_dtoh_async(dst, self.ptr(), self.rt.stream.cu_stream()) }
+            .op("cuMemcpyDtoHAsync")?;
+        self.rt.synchronize()
+    }
+
+    /// Set every byte to 0, in stream order.
+    pub fn fill_zero(&mut self) -> Result<()> {
+        if self.bytes == 0 {
+            return Ok(());
+        }
+        self.rt.bind()?;
+        // SAFETY: the block holds `bytes`; queued on the buffer's stream.
+        unsafe { result::memset_d8_async(self.ptr(), 0, self.bytes, self.rt.stream.cu_stream()) }
+            .op("cuMemsetD8Async")
+    }
+
+    /// Copy `src` (same device, same size) into this buffer, in stream order.
+    pub fn copy_from(&mut self, src: &DeviceBuffer) -> Result<()> {
+        self.check_len("copy_from", src.bytes)?;
+        if src.rt.ordinal != self.rt.ordinal {
+            return Err(CudaError::Unsupported {
+                what: format!(
+                    "copy_from: cuda:{} to cuda:{} (copy through the host)",
+                    src.rt.ordinal, self.rt.ordinal
+                ),
+            });
+        }
+        if self.bytes == 0 {
+            return Ok(());
+        }
+        self.rt.bind()?;
+        // SAFETY: both blocks hold `bytes` on this device; queued on its stream.
+        unsafe {
+            result::memcpy_dtod_async(
+                self.ptr(),
+                src.ptr(),
+                self.bytes,
+                self.rt.stream.cu_stream(),
+            )
+        }
+        .op("cuMemcpyDtoDAsync")
+    }
+
+    /// A new buffer on the same device with the same contents.
+    pub fn try_clone(&self) -> Result<DeviceBuffer> {
+        let mut b = self.rt.alloc(self.bytes)?;
+        b.copy_from(self)?;
+        Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_device_the_runtime_is_an_error_not_a_panic() {
+        if devices::device_count().is_err() {
+            let e = runtime(0).unwrap_err().to_string();
+            assert!(e.starts_with("no CUDA driver found"), "{e}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn buffers_round_trip_and_copy_on_the_device() {
+        let rt = runtime(0).unwrap();
+        assert!(
+            Arc::ptr_eq(&rt, &runtime(0).unwrap()),
+            "one runtime per device"
+        );
+        let host: Vec<u8> = (0..100_003u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut a = rt.alloc(host.len()).unwrap();
+        a.upload(&host).unwrap();
+        let b = a.try_clone().unwrap();
+        let mut back = vec![0u8; host.len()];
+        b.download(&mut back).unwrap();
+        assert_eq!(back, host);
+        a.fill_zero().unwrap();
+        a.download(&mut back).unwrap();
+        assert!(back.iter().all(|&x| x == 0));
+        let e = a.upload(&host[1..]).unwrap_err().to_string();
+        assert!(
+            e.contains("100002 bytes into a device buffer of 100003"),
+            "{e}"
+        );
+        assert!(rt.memory_stats().in_use >= 2 * host.len());
+    }
+}
