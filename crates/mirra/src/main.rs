@@ -43,6 +43,10 @@ pub struct TrainArgs {
     /// bundled t10k set, split 8,000 for training and 2,000 for validation.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// Where to train: cpu, or cuda:N (a CUDA device; without a driver, or without that
+    /// device, an error saying so).
+    #[arg(long, default_value = "cpu", value_name = "DEVICE", value_parser = device)]
+    pub device: String,
     /// Seed of weights, shuffling and dropout.
     #[arg(long, default_value_t = 1, value_parser = seed, allow_negative_numbers = true)]
     pub seed: u64,
@@ -109,6 +113,18 @@ fn collective(s: &str) -> Result<String, String> {
             "unknown collective '{s}' (known: {})",
             mirra::collectives::BACKENDS.join(", ")
         ))
+    }
+}
+
+/// `cpu` or `cuda:N` (N a device ordinal): the spelling is checked here, the device itself
+/// when the run starts.
+fn device(s: &str) -> Result<String, String> {
+    match s.strip_prefix("cuda:") {
+        None if s == "cpu" => Ok(s.to_string()),
+        Some(n) if n.parse::<usize>().is_ok() => Ok(s.to_string()),
+        _ => Err(format!(
+            "'{s}' is not a device (cpu or cuda:N, e.g. cuda:0)"
+        )),
     }
 }
 

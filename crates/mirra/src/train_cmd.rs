@@ -21,6 +21,18 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             mirra::models::MODEL_NAMES.join(", ")
         )));
     };
+    if let Some(ordinal) = args.device.strip_prefix("cuda:") {
+        let ordinal: usize = ordinal.parse().unwrap_or(usize::MAX);
+        // No driver or no such device: one line saying so.
+        let device = mirra::device::Device::cuda(ordinal)
+            .map_err(|e| Failure::Usage(format!("--device: {e}")))?;
+        // The device exists, but the tensor ops do not run there yet (issue 14: the CUDA
+        // kernels and buffers exist; the ops' dispatch to them does not).
+        return Err(Failure::Usage(format!(
+            "--device {device}: training on a CUDA device is not available in this build yet \
+             (the tensor ops run on the CPU only); use --device cpu"
+        )));
+    }
     if let Some(replicas) = args.replicas.filter(|&r| r > args.batch_size) {
         return Err(Failure::Usage(format!(
             "--replicas {replicas} is more than --batch-size {}: every replica needs at least \

@@ -495,6 +495,23 @@ fn replicas_beyond_the_batch_or_the_cap_are_refused() {
     );
 }
 
+/// `--device cuda:0` without a CUDA driver: one line saying so, exit 2; a misspelt device
+/// is named.
+#[test]
+fn a_cuda_device_that_is_not_there_is_one_line() {
+    if let Err(e) = mirra::device::Device::cuda(0) {
+        assert!(e.to_string().starts_with("no CUDA driver found"), "{e}");
+        assert_usage_error(
+            &train(&["--epochs", "1", "--device", "cuda:0"]),
+            &["--device: no CUDA driver found"],
+        );
+    }
+    assert_usage_error(
+        &train(&["--epochs", "1", "--device", "gpu0"]),
+        &["'gpu0' is not a device (cpu or cuda:N"],
+    );
+}
+
 /// A run killed while replacing its `--history` left `.history.json.tmp<PID>` beside it.
 #[test]
 fn temporary_files_a_killed_run_left_beside_its_history_are_removed() {
