@@ -165,6 +165,28 @@ template <typename T> __device__ void fill(T* y, u64 n, double value) {
     extern "C" __global__ void fill_##name(T* y, u64 n, double value) { fill(y, n, value); }
 MIRRA_FLOAT_KERNELS(ELEMENTWISE)
 
+// A contiguous copy of a strided view (the operand's strides in `a_strides`), for every
+// element type: a copy converts nothing.
+template <typename T> __device__ void copy_strided(const T* x, T* y, u64 n, Broadcast s) {
+    for (u64 i = global_index(); i < n; i += grid_stride()) {
+        u64 rest = i, ix = 0;
+        for (int d = (int)s.rank - 1; d >= 0; --d) {
+            ix += (rest % s.dims[d]) * s.a_strides[d];
+            rest /= s.dims[d];
+        }
+        y[i] = x[ix];
+    }
+}
+
+#define COPY(T, name)                                                                             \
+    extern "C" __global__ void copy_strided_##name(const T* x, T* y, u64 n, Broadcast s) {       \
+        copy_strided(x, y, n, s);                                                                 \
+    }
+MIRRA_FLOAT_KERNELS(COPY)
+COPY(int, i32)
+COPY(i64, i64)
+COPY(unsigned char, u8)
+
 // Casts between float types, each rounding once to nearest even, as the CPU's: from f32
 // and the 16-bit types through f32 (exact), from f64 directly.
 template <typename D> __device__ __forceinline__ D cast_one(float x) {

@@ -370,6 +370,7 @@ mod tests {
         for d in floats.iter().chain(&["i32", "i64", "u8"]) {
             want.push(format!("reduce_into_{d}"));
             want.push(format!("divide_{d}"));
+            want.push(format!("copy_strided_{d}"));
         }
         for s in floats {
             want.extend(floats.map(|d| format!("cast_{s}_{d}")));

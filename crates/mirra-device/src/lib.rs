@@ -11,6 +11,7 @@ pub mod denormals;
 mod device;
 mod dtype;
 mod error;
+pub mod memory;
 mod pool;
 mod simd;
 pub mod sync;

@@ -249,6 +249,9 @@ impl Tensor {
 
     /// A contiguous copy with its own buffer.
     pub fn copy(&self) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            return self.cuda_copy();
+        }
         let shape = *self.shape();
         let mut out = Buffer::alloc(self.dtype(), shape.elem_count(), self.device())?;
         with_any!(self.dtype(), T => {
@@ -273,6 +276,9 @@ impl Tensor {
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());
+        }
+        if !self.device().is_cpu() {
+            return self.cuda_to_dtype(dtype);
         }
         let src = self.contiguous()?;
         let mut out = Buffer::alloc(dtype, src.elem_count(), self.device())?;

@@ -173,6 +173,9 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         ));
     }
     let history = fitted.map_err(|e| run_err(&e))?;
+    if let Some(mib) = mirra::device::memory::peak_resident_mib() {
+        print_line(&format!("Peak memory: host {mib:.1} MiB (resident)"));
+    }
     if stdout_closed() {
         let done = history.epochs.last().map_or(initial_epoch, |e| e + 1);
         let resume = match &args.checkpoint_dir {

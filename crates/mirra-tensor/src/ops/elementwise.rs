@@ -3,9 +3,11 @@
 //! One strided kernel per arity; the per-op arithmetic is a closure monomorphised into
 //! it, so the contiguous inner loops vectorise. 16-bit floats compute in f32.
 
+use mirra_cuda::kernels::{BinaryKernel, UnaryKernel};
 use mirra_device::{vectorize, Buffer, Element, FloatElement};
 use num_traits::{Float, FloatConst};
 
+use super::cuda;
 use super::nan::{max_nan, min_nan};
 use crate::dispatch::with_float;
 use crate::layout::for_each_row;
@@ -26,6 +28,11 @@ macro_rules! unary_ops {
             /// The op's name in errors.
             pub fn name(self) -> &'static str {
                 match self { $(UnaryOp::$name => stringify!($method)),* }
+            }
+
+            /// The op code of the CUDA kernel (one per op: the match is exhaustive).
+            fn cuda_kernel(self) -> UnaryKernel {
+                match self { $(UnaryOp::$name => UnaryKernel::$name),* }
             }
         }
 
@@ -116,6 +123,11 @@ macro_rules! binary_ops {
             pub fn name(self) -> &'static str {
                 match self { $(BinaryOp::$name => stringify!($method)),* }
             }
+
+            /// The op code of the CUDA kernel (one per op: the match is exhaustive).
+            fn cuda_kernel(self) -> BinaryKernel {
+                match self { $(BinaryOp::$name => BinaryKernel::$name),* }
+            }
         }
 
         fn run_binary<T: FloatElement>(
@@ -169,6 +181,9 @@ binary_ops! {
 impl Tensor {
     /// Apply a unary op.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            return cuda::unary(op.name(), op.cuda_kernel(), self);
+        }
         with_float!(op.name(), self.dtype(), T => run_unary::<T>(op, self))
     }
 
@@ -182,11 +197,17 @@ impl Tensor {
             });
         }
         let shape = Shape::broadcast(op.name(), self.shape(), rhs.shape())?;
+        if !self.device().is_cpu() || !rhs.device().is_cpu() {
+            return cuda::binary(op.name(), op.cuda_kernel(), self, rhs, &shape);
+        }
         with_float!(op.name(), self.dtype(), T => run_binary::<T>(op, self, rhs, &shape))
     }
 
     /// `x * mul + add`, element-wise.
     pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            return cuda::affine(self, mul, add);
+        }
         with_float!("affine", self.dtype(), T => {
             let m: <T as FloatElement>::Acc = Element::from_f64(mul);
             let a: <T as FloatElement>::Acc = Element::from_f64(add);

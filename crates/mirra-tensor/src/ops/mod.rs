@@ -1,6 +1,7 @@
 //! Tensor operations, one module per family. Each family has one generic kernel that
 //! serves every dtype it supports.
 
+mod cuda;
 mod elementwise;
 mod index;
 mod matmul;

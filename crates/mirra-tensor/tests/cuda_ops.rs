@@ -1,0 +1,191 @@
+//! The tensor ops on a CUDA device against the same ops on the CPU, on the same random
+//! inputs, for every float dtype, through contiguous tensors, strided views and
+//! broadcasts. `#[ignore]`d without a GPU: the GPU bundle runs them.
+//!
+//! Bounds: ops that are one IEEE operation per element, or a fixed sequence of them (add,
+//! div, sqrt, relu, affine, the backward maps, casts, copies), must agree bit for bit: the
+//! kernels are compiled without FMA contraction and compute 16-bit floats in f32 as the
+//! CPU does. Ops through a library function (exp, log, tanh, sigmoid, GELU) may differ by
+//! a few units in the last place: at most 8 for f32 and f64 (CUDA's `expf` is within 2
+//! ulp, Rust's within 1, and sigmoid and GELU compose them), 1 for f16 and bf16 (the f32
+//! results round to the same 16-bit value or a neighbour).
+
+use mirra_tensor::{BinaryOp, DType, Device, Tensor, UnaryOp};
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+fn gpu() -> Device {
+    Device::cuda(0).expect("needs a CUDA device")
+}
+
+/// Values spread over about [-4, 4], every 17th exactly 0, from a fixed seed.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 17 == 0 {
+                0.0
+            } else {
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+            }
+        })
+        .collect()
+}
+
+fn random(dims: &[usize], dtype: DType, seed: u64) -> Tensor {
+    let n = dims.iter().product();
+    Tensor::from_slice(&values(n, seed), dims, Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+/// The machine epsilon of a dtype (the gap above 1).
+fn epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => f64::EPSILON,
+        DType::F32 => f32::EPSILON as f64,
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        _ => unreachable!(),
+    }
+}
+
+/// One unit in the last place of `v` in `dtype` (normal range).
+fn ulp(dtype: DType, v: f64) -> f64 {
+    let e = if v == 0.0 { -126.0 } else { v.abs().log2().floor() };
+    epsilon(dtype) * 2f64.powf(e)
+}
+
+/// `got` (computed on the GPU) against `want` (on the CPU): equal shapes and dtypes, and
+/// every element within `ulps` units in the last place (0: the same value; NaN matches
+/// NaN only).
+fn assert_close(what: &str, got: &Tensor, want: &Tensor, ulps: f64) {
+    assert_eq!(got.device(), gpu(), "{what}: the result left the device");
+    assert_eq!((got.dims(), got.dtype()), (want.dims(), want.dtype()), "{what}");
+    let dtype = want.dtype();
+    let g = got.to_device(Device::Cpu).unwrap().to_dtype(DType::F64).unwrap();
+    let w = want.to_dtype(DType::F64).unwrap();
+    let (g, w) = (g.to_vec::<f64>().unwrap(), w.to_vec::<f64>().unwrap());
+    for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+        let ok = if a.is_nan() || b.is_nan() {
+            a.is_nan() && b.is_nan()
+        } else if ulps == 0.0 {
+            a == b
+        } else {
+            (a - b).abs() <= ulps * ulp(dtype, b)
+        };
+        assert!(ok, "{what} ({dtype}) at {i}: GPU {a}, CPU {b} (bound {ulps} ulp)");
+    }
+}
+
+const EXACT: [UnaryOp; 7] = [
+    UnaryOp::Relu,
+    UnaryOp::Sqrt,
+    UnaryOp::Neg,
+    UnaryOp::Abs,
+    UnaryOp::Square,
+    UnaryOp::Recip,
+    UnaryOp::Sign,
+];
+const LIBRARY: [UnaryOp; 5] = [
+    UnaryOp::Exp,
+    UnaryOp::Log,
+    UnaryOp::Tanh,
+    UnaryOp::Sigmoid,
+    UnaryOp::Gelu,
+];
+
+fn library_bound(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 | DType::BF16 => 1.0,
+        _ => 8.0,
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn unary_ops_match_the_cpu() {
+    for dtype in FLOATS {
+        let x = random(&[37, 129], dtype, 1);
+        let xg = x.to_device(gpu()).unwrap();
+        // A strided view too: the transpose reads through its strides.
+        let (xt, xgt) = (x.transpose(0, 1).unwrap(), xg.transpose(0, 1).unwrap());
+        for (ops, bound) in [(&EXACT[..], 0.0), (&LIBRARY[..], library_bound(dtype))] {
+            for &op in ops {
+                let what = op.name().to_string();
+                assert_close(&what, &xg.unary(op).unwrap(), &x.unary(op).unwrap(), bound);
+                let what = format!("{} of a transpose", op.name());
+                assert_close(&what, &xgt.unary(op).unwrap(), &xt.unary(op).unwrap(), bound);
+            }
+        }
+        let want = x.affine(0.37, -1.25).unwrap();
+        assert_close("affine", &xg.affine(0.37, -1.25).unwrap(), &want, 0.0);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn binary_ops_match_the_cpu_with_broadcasting() {
+    let ops = [
+        (BinaryOp::Add, false),
+        (BinaryOp::Sub, false),
+        (BinaryOp::Mul, false),
+        (BinaryOp::Div, false),
+        (BinaryOp::Maximum, false),
+        (BinaryOp::Minimum, false),
+        (BinaryOp::EqMask, false),
+        (BinaryOp::ReluBackward, false),
+        (BinaryOp::SigmoidBackward, false),
+        (BinaryOp::TanhBackward, false),
+        (BinaryOp::GeluBackward, true),
+    ];
+    // Same shapes; a bias over rows; a column against a matrix; both sides broadcast.
+    let shapes: [(&[usize], &[usize]); 4] = [
+        (&[64, 33], &[64, 33]),
+        (&[64, 33], &[33]),
+        (&[64, 1], &[64, 33]),
+        (&[5, 1, 7], &[3, 1]),
+    ];
+    for dtype in FLOATS {
+        for (i, (sa, sb)) in shapes.iter().enumerate() {
+            let (a, b) = (random(sa, dtype, 2 + i as u64), random(sb, dtype, 9 + i as u64));
+            let (ag, bg) = (a.to_device(gpu()).unwrap(), b.to_device(gpu()).unwrap());
+            for (op, library) in ops {
+                let bound = if library { library_bound(dtype) } else { 0.0 };
+                let what = format!("{} of {sa:?} and {sb:?}", op.name());
+                let got = ag.binary(op, &bg).unwrap();
+                assert_close(&what, &got, &a.binary(op, &b).unwrap(), bound);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn copies_and_casts_match_the_cpu() {
+    for from in FLOATS {
+        let x = random(&[17, 3, 11], from, 20);
+        let xg = x.to_device(gpu()).unwrap();
+        let view = |t: &Tensor| t.permute(&[2, 0, 1]).unwrap().narrow(0, 2, 7).unwrap();
+        assert_close("copy of a view", &view(&xg).copy().unwrap(), &view(&x).copy().unwrap(), 0.0);
+        for to in FLOATS {
+            let what = format!("{from} to {to}");
+            assert_close(&what, &xg.to_dtype(to).unwrap(), &x.to_dtype(to).unwrap(), 0.0);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn ops_without_a_cuda_path_say_so_and_mixed_devices_are_refused() {
+    let x = random(&[4, 4], DType::F32, 30);
+    let xg = x.to_device(gpu()).unwrap();
+    let e = xg.matmul(&xg).unwrap_err().to_string();
+    assert!(e.contains("cuda:0"), "{e}");
+    let e = xg.add(&x).unwrap_err().to_string();
+    assert!(e.contains("cpu") && e.contains("cuda:0"), "{e}");
+}
