@@ -43,6 +43,9 @@ mod tests {
         let touched = vec![1u8; 64 << 20];
         std::hint::black_box(&touched);
         let after = peak_resident_mib().unwrap();
-        assert!(after >= before + 60.0, "{before} -> {after} MiB after touching 64 MiB");
+        assert!(
+            after >= before + 60.0,
+            "{before} -> {after} MiB after touching 64 MiB"
+        );
     }
 }

@@ -56,7 +56,11 @@ fn epsilon(dtype: DType) -> f64 {
 
 /// One unit in the last place of `v` in `dtype` (normal range).
 fn ulp(dtype: DType, v: f64) -> f64 {
-    let e = if v == 0.0 { -126.0 } else { v.abs().log2().floor() };
+    let e = if v == 0.0 {
+        -126.0
+    } else {
+        v.abs().log2().floor()
+    };
     epsilon(dtype) * 2f64.powf(e)
 }
 
@@ -65,9 +69,17 @@ fn ulp(dtype: DType, v: f64) -> f64 {
 /// NaN only).
 fn assert_close(what: &str, got: &Tensor, want: &Tensor, ulps: f64) {
     assert_eq!(got.device(), gpu(), "{what}: the result left the device");
-    assert_eq!((got.dims(), got.dtype()), (want.dims(), want.dtype()), "{what}");
+    assert_eq!(
+        (got.dims(), got.dtype()),
+        (want.dims(), want.dtype()),
+        "{what}"
+    );
     let dtype = want.dtype();
-    let g = got.to_device(Device::Cpu).unwrap().to_dtype(DType::F64).unwrap();
+    let g = got
+        .to_device(Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
     let w = want.to_dtype(DType::F64).unwrap();
     let (g, w) = (g.to_vec::<f64>().unwrap(), w.to_vec::<f64>().unwrap());
     for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
@@ -78,7 +90,10 @@ fn assert_close(what: &str, got: &Tensor, want: &Tensor, ulps: f64) {
         } else {
             (a - b).abs() <= ulps * ulp(dtype, b)
         };
-        assert!(ok, "{what} ({dtype}) at {i}: GPU {a}, CPU {b} (bound {ulps} ulp)");
+        assert!(
+            ok,
+            "{what} ({dtype}) at {i}: GPU {a}, CPU {b} (bound {ulps} ulp)"
+        );
     }
 }
 
@@ -119,7 +134,12 @@ fn unary_ops_match_the_cpu() {
                 let what = op.name().to_string();
                 assert_close(&what, &xg.unary(op).unwrap(), &x.unary(op).unwrap(), bound);
                 let what = format!("{} of a transpose", op.name());
-                assert_close(&what, &xgt.unary(op).unwrap(), &xt.unary(op).unwrap(), bound);
+                assert_close(
+                    &what,
+                    &xgt.unary(op).unwrap(),
+                    &xt.unary(op).unwrap(),
+                    bound,
+                );
             }
         }
         let want = x.affine(0.37, -1.25).unwrap();
@@ -152,7 +172,10 @@ fn binary_ops_match_the_cpu_with_broadcasting() {
     ];
     for dtype in FLOATS {
         for (i, (sa, sb)) in shapes.iter().enumerate() {
-            let (a, b) = (random(sa, dtype, 2 + i as u64), random(sb, dtype, 9 + i as u64));
+            let (a, b) = (
+                random(sa, dtype, 2 + i as u64),
+                random(sb, dtype, 9 + i as u64),
+            );
             let (ag, bg) = (a.to_device(gpu()).unwrap(), b.to_device(gpu()).unwrap());
             for (op, library) in ops {
                 let bound = if library { library_bound(dtype) } else { 0.0 };
@@ -171,10 +194,20 @@ fn copies_and_casts_match_the_cpu() {
         let x = random(&[17, 3, 11], from, 20);
         let xg = x.to_device(gpu()).unwrap();
         let view = |t: &Tensor| t.permute(&[2, 0, 1]).unwrap().narrow(0, 2, 7).unwrap();
-        assert_close("copy of a view", &view(&xg).copy().unwrap(), &view(&x).copy().unwrap(), 0.0);
+        assert_close(
+            "copy of a view",
+            &view(&xg).copy().unwrap(),
+            &view(&x).copy().unwrap(),
+            0.0,
+        );
         for to in FLOATS {
             let what = format!("{from} to {to}");
-            assert_close(&what, &xg.to_dtype(to).unwrap(), &x.to_dtype(to).unwrap(), 0.0);
+            assert_close(
+                &what,
+                &xg.to_dtype(to).unwrap(),
+                &x.to_dtype(to).unwrap(),
+                0.0,
+            );
         }
     }
 }

@@ -57,10 +57,13 @@ fn runtime(op: &'static str, t: &Tensor) -> Result<Arc<Runtime>> {
 
 /// The device address of `t`'s first element (its buffer's plus the layout's offset).
 fn address(op: &'static str, t: &Tensor) -> Result<u64> {
-    let m = t.buffer().device_memory().ok_or(TensorError::Device(DeviceError::NotOnDevice {
-        op,
-        device: t.device(),
-    }))?;
+    let m = t
+        .buffer()
+        .device_memory()
+        .ok_or(TensorError::Device(DeviceError::NotOnDevice {
+            op,
+            device: t.device(),
+        }))?;
     Ok(m.ptr() + (t.layout().offset() * t.dtype().size_in_bytes()) as u64)
 }
 
@@ -112,7 +115,12 @@ pub(crate) fn unary(op: &'static str, code: UnaryKernel, x: &Tensor) -> Result<T
     let rt = runtime(op, &x)?;
     let n = x.elem_count();
     let out = Buffer::alloc(x.dtype(), n, x.device())?;
-    let (code, xp, yp, len) = (code as i32, address(op, &x)?, buffer_address(&out), n as u64);
+    let (code, xp, yp, len) = (
+        code as i32,
+        address(op, &x)?,
+        buffer_address(&out),
+        n as u64,
+    );
     launch!(rt, format!("unary_{sfx}"), n, |l| {
         l.arg(&code).arg(&xp).arg(&yp).arg(&len);
     })?;
@@ -182,9 +190,14 @@ impl Tensor {
         let out = Buffer::alloc(self.dtype(), n, self.device())?;
         let (xp, yp, len) = (address("copy", self)?, buffer_address(&out), n as u64);
         let s = broadcast(&shape, self, None);
-        launch!(rt, format!("copy_strided_{}", suffix(self.dtype())), n, |l| {
-            l.arg(&xp).arg(&yp).arg(&len).arg(&s);
-        })?;
+        launch!(
+            rt,
+            format!("copy_strided_{}", suffix(self.dtype())),
+            n,
+            |l| {
+                l.arg(&xp).arg(&yp).arg(&len).arg(&s);
+            }
+        )?;
         Tensor::from_buffer(out, &shape)
     }
 
