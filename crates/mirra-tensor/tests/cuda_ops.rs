@@ -222,3 +222,82 @@ fn ops_without_a_cuda_path_say_so_and_mixed_devices_are_refused() {
     let e = xg.add(&x).unwrap_err().to_string();
     assert!(e.contains("cpu") && e.contains("cuda:0"), "{e}");
 }
+
+/// `got` (GPU) against `want` (CPU) for results summed in another order: within one unit
+/// in the last place of the result plus `n` additions' rounding of values up to 4 in the
+/// accumulation type (f32 for 16-bit floats).
+fn assert_summed(what: &str, got: &Tensor, want: &Tensor, n: usize) {
+    assert_eq!(got.dims(), want.dims(), "{what}");
+    let dtype = want.dtype();
+    let acc_eps = if dtype == DType::F64 {
+        f64::EPSILON
+    } else {
+        f32::EPSILON as f64
+    };
+    let g = got
+        .to_device(Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap();
+    let w = want.to_dtype(DType::F64).unwrap();
+    let (g, w) = (g.to_vec::<f64>().unwrap(), w.to_vec::<f64>().unwrap());
+    for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+        let bound = ulp(dtype, b) + n as f64 * 4.0 * acc_eps;
+        assert!(
+            (a - b).abs() <= bound,
+            "{what} ({dtype}) at {i}: GPU {a}, CPU {b}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn reductions_and_softmax_match_the_cpu() {
+    for dtype in FLOATS {
+        let x = random(&[5, 6, 129], dtype, 40);
+        let xg = x.to_device(gpu()).unwrap();
+        // Each case: the axes, and how many elements each output sums.
+        let cases: [(&[isize], usize); 5] = [
+            (&[2], 129),
+            (&[0], 5),
+            (&[1, 2], 6 * 129),
+            (&[0, 2], 5 * 129),
+            (&[], 5 * 6 * 129),
+        ];
+        for (axes, n) in cases {
+            for keep in [false, true] {
+                let what = format!("sum over {axes:?}, keepdim {keep}");
+                let got = xg.sum(axes, keep).unwrap();
+                assert_summed(&what, &got, &x.sum(axes, keep).unwrap(), n);
+                let what = format!("mean over {axes:?}");
+                assert_summed(
+                    &what,
+                    &xg.mean(axes, keep).unwrap(),
+                    &x.mean(axes, keep).unwrap(),
+                    n,
+                );
+            }
+            // The maximum is one of the inputs: the same value.
+            let what = format!("max over {axes:?}");
+            assert_close(
+                &what,
+                &xg.max(axes, false).unwrap(),
+                &x.max(axes, false).unwrap(),
+                0.0,
+            );
+        }
+        for axis in [-1, 1] {
+            let bound = library_bound(dtype);
+            let what = format!("softmax over {axis}");
+            assert_close(
+                &what,
+                &xg.softmax(axis).unwrap(),
+                &x.softmax(axis).unwrap(),
+                bound,
+            );
+            let what = format!("log_softmax over {axis}");
+            let (got, want) = (xg.log_softmax(axis).unwrap(), x.log_softmax(axis).unwrap());
+            assert_summed(&what, &got, &want, 129);
+        }
+    }
+}

@@ -12,12 +12,12 @@
 use std::sync::Arc;
 
 use mirra_cuda::cudarc::driver::PushKernelArg;
-use mirra_cuda::kernels::{BinaryKernel, Broadcast, UnaryKernel};
+use mirra_cuda::kernels::{BinaryKernel, Broadcast, ReduceKernel, UnaryKernel};
 use mirra_cuda::runtime::Runtime;
 use mirra_cuda::CudaError;
 use mirra_device::{Buffer, DType, DeviceError};
 
-use crate::{Result, Shape, Tensor, TensorError};
+use crate::{Result, Shape, Tensor, TensorError, MAX_RANK};
 
 /// The `_<dtype>` suffix of a kernel's name.
 fn suffix(dtype: DType) -> &'static str {
@@ -91,13 +91,17 @@ fn broadcast(shape: &Shape, a: &Tensor, b: Option<&Tensor>) -> Broadcast {
     s
 }
 
-/// A launch of kernel `name` over `n` elements on `rt`'s stream; `push` adds its arguments.
+/// A launch of kernel `name` on `rt`'s stream: a grid-stride launch over `n` elements, or
+/// with `per_line`, one block per line of `n` lines; `push` adds its arguments.
 macro_rules! launch {
-    ($rt:expr, $name:expr, $n:expr, |$l:ident| $push:block) => {{
+    ($rt:expr, $name:expr, $n:expr, |$l:ident| $push:block) => {
+        launch!($rt, $name, grid $n, |$l| $push)
+    };
+    ($rt:expr, $name:expr, $how:ident $n:expr, |$l:ident| $push:block) => {{
         let rt: &Runtime = &$rt;
         let kernels = rt.kernels().map_err(cuda)?;
         let f = kernels.function(&$name).map_err(cuda)?;
-        let cfg = kernels.grid($n);
+        let cfg = kernels.$how($n);
         let mut $l = rt.stream().launch_builder(&f);
         $push
         // SAFETY: every caller passes the kernel's parameters in its order and types
@@ -215,4 +219,74 @@ impl Tensor {
         })?;
         Tensor::from_buffer(out, x.dims())
     }
+}
+
+/// Reduces the axes `mask` marks (kept as size-1 dimensions) with `code`: each run of
+/// adjacent marked axes is one reduction over the tensor viewed as `[outer, n, inner]`,
+/// accumulated in the dtype's accumulation type and rounded once. Runs that are not
+/// adjacent are reduced one after the other, so 16-bit results can round once per run
+/// where the CPU rounds once in all.
+pub(crate) fn reduce(
+    op: &'static str,
+    code: ReduceKernel,
+    x: &Tensor,
+    mask: &[bool; MAX_RANK],
+) -> Result<Tensor> {
+    let sfx = float_suffix(op, x.dtype())?;
+    let mut t = x.contiguous()?;
+    let rank = t.rank();
+    let mut d = 0;
+    while d < rank {
+        if !mask[d] {
+            d += 1;
+            continue;
+        }
+        let start = d;
+        while d < rank && mask[d] {
+            d += 1;
+        }
+        let dims = t.dims().to_vec();
+        let outer: usize = dims[..start].iter().product();
+        let n: usize = dims[start..d].iter().product();
+        let inner: usize = dims[d..].iter().product();
+        let mut out_dims = dims.clone();
+        out_dims[start..d].fill(1);
+        let rt = runtime(op, &t)?;
+        let out = Buffer::alloc(t.dtype(), outer * inner, t.device())?;
+        let (code, xp, yp) = (code as i32, address(op, &t)?, buffer_address(&out));
+        let (o, n, i) = (outer as u64, n as u64, inner as u64);
+        if inner == 1 {
+            launch!(rt, format!("reduce_rows_{sfx}"), per_line outer, |l| {
+                l.arg(&code).arg(&xp).arg(&yp).arg(&o).arg(&n);
+            })?;
+        } else {
+            launch!(rt, format!("reduce_strided_{sfx}"), outer * inner, |l| {
+                l.arg(&code).arg(&xp).arg(&yp).arg(&o).arg(&n).arg(&i);
+            })?;
+        }
+        t = Tensor::from_buffer(out, &out_dims)?;
+    }
+    Ok(t)
+}
+
+/// Softmax (log-softmax with `log`) over the middle axis of `x` viewed as
+/// `[outer, n, inner]`: one block per line.
+pub(crate) fn softmax(
+    x: &Tensor,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    log: bool,
+) -> Result<Tensor> {
+    let op = if log { "log_softmax" } else { "softmax" };
+    let sfx = float_suffix(op, x.dtype())?;
+    let x = x.contiguous()?;
+    let rt = runtime(op, &x)?;
+    let out = Buffer::alloc(x.dtype(), x.elem_count(), x.device())?;
+    let (xp, yp) = (address(op, &x)?, buffer_address(&out));
+    let (o, len, i, log) = (outer as u64, n as u64, inner as u64, i32::from(log));
+    launch!(rt, format!("softmax_{sfx}"), per_line outer * inner, |l| {
+        l.arg(&xp).arg(&yp).arg(&o).arg(&len).arg(&i).arg(&log);
+    })?;
+    Tensor::from_buffer(out, x.dims())
 }

@@ -5,6 +5,9 @@
 use mirra_device::{vectorize, Buffer, Element, FloatElement};
 use num_traits::Float;
 
+use mirra_cuda::kernels::ReduceKernel;
+
+use super::cuda;
 use super::nan::max_nan;
 use crate::dispatch::with_float;
 use crate::layout::for_each_row;
@@ -134,7 +137,33 @@ impl Tensor {
 
     fn reduce(&self, op: &'static str, kind: Reduce, axes: &[isize], keep: bool) -> Result<Tensor> {
         let mask = self.axis_mask(op, axes)?;
-        let out = with_float!(op, self.dtype(), T => match kind {
+        let out = if self.device().is_cpu() {
+            self.reduce_on_cpu(op, kind, &mask)?
+        } else {
+            let code = match kind {
+                Reduce::Sum => ReduceKernel::Sum,
+                Reduce::Max => ReduceKernel::Max,
+            };
+            cuda::reduce(op, code, self, &mask)?
+        };
+        if keep {
+            return Ok(out);
+        }
+        let dims: Vec<usize> = (0..self.rank())
+            .filter(|&d| !mask[d])
+            .map(|d| self.dims()[d])
+            .collect();
+        out.reshape(&dims)
+    }
+
+    fn reduce_on_cpu(
+        &self,
+        op: &'static str,
+        kind: Reduce,
+        mask: &[bool; MAX_RANK],
+    ) -> Result<Tensor> {
+        let mask = *mask;
+        with_float!(op, self.dtype(), T => match kind {
             Reduce::Sum => {
                 reduce_kernel::<T>(self, &mask, <<T as FloatElement>::Acc as num_traits::Zero>::zero(), |a, b| a + b)
             }
@@ -144,15 +173,7 @@ impl Tensor {
                 <<T as FloatElement>::Acc as Float>::neg_infinity(),
                 max_nan,
             ),
-        })?;
-        if keep {
-            return Ok(out);
-        }
-        let dims: Vec<usize> = (0..self.rank())
-            .filter(|&d| !mask[d])
-            .map(|d| self.dims()[d])
-            .collect();
-        out.reshape(&dims)
+        })
     }
 }
 

@@ -5,6 +5,7 @@
 use mirra_device::{Buffer, FloatElement};
 use num_traits::Float;
 
+use super::cuda;
 use super::nan::max_nan;
 use crate::dispatch::with_float;
 use crate::{Result, Tensor, TensorError};
@@ -46,6 +47,9 @@ impl Tensor {
         let n = self.dims()[ax];
         let inner: usize = self.dims()[ax + 1..].iter().product();
         let outer: usize = self.dims()[..ax].iter().product();
+        if !self.device().is_cpu() {
+            return cuda::softmax(&x, outer, n, inner, matches!(kind, Kind::LogSoftmax));
+        }
         let mut out = Buffer::alloc(self.dtype(), self.elem_count(), self.device())?;
         with_float!(op, self.dtype(), T => {
             kernel::<T>(x.as_slice::<T>()?, out.as_mut_slice::<T>()?, outer, n, inner, kind);
