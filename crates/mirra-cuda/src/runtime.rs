@@ -7,13 +7,16 @@
 //! so one buffer's uses are ordered without events. A download waits for the stream.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{result, CudaContext, CudaStream};
 
 use crate::allocator::{Block, CachingAllocator, DriverMemory, MemoryStats};
 use crate::error::Context;
 use crate::kernels::Kernels;
+use crate::library::{self, Library};
 use crate::{devices, CudaError, Result};
 
 /// A device's context, stream, allocator and kernels.
@@ -23,6 +26,7 @@ pub struct Runtime {
     stream: Arc<CudaStream>,
     allocator: CachingAllocator<DriverMemory>,
     kernels: OnceLock<Kernels>,
+    blas: OnceLock<CudaBlas>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -51,6 +55,7 @@ pub fn runtime(ordinal: usize) -> Result<Arc<Runtime>> {
         ctx,
         stream,
         kernels: OnceLock::new(),
+        blas: OnceLock::new(),
     });
     map.insert(ordinal, rt.clone());
     Ok(rt)
@@ -91,6 +96,99 @@ impl Runtime {
         Ok(self.kernels.get_or_init(|| k))
     }
 
+    /// cuBLAS on this device's stream (created on first use; an error naming the library
+    /// when it is not installed).
+    fn blas(&self) -> Result<&CudaBlas> {
+        if let Some(b) = self.blas.get() {
+            return Ok(b);
+        }
+        library::ensure(Library::Cublas)?;
+        let b = CudaBlas::new(self.stream.clone()).map_err(|source| CudaError::Cublas {
+            op: "cublasCreate",
+            source,
+        })?;
+        Ok(self.blas.get_or_init(|| b))
+    }
+
+    /// `c = a x b` for each of `g.batch` row-major matrices (see [`Gemm`]), through
+    /// `cublasGemmStridedBatchedEx` on this device's stream. f32 runs in TF32 when
+    /// [`set_allow_tf32`] allowed it; f16 and bf16 accumulate in f32; f64 in f64.
+    ///
+    /// # Safety
+    /// `a`, `b` and `c` are device addresses on this device holding the elements `g`
+    /// describes, of `g.dtype`.
+    pub unsafe fn gemm(&self, g: &Gemm, a: u64, b: u64, c: u64) -> Result<()> {
+        use blas_sys::{cublasComputeType_t as C, cudaDataType as D};
+        let blas = self.blas()?;
+        self.bind()?;
+        let (data, compute) = match g.dtype {
+            GemmType::F32 if allow_tf32() => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F_FAST_TF32),
+            GemmType::F32 => (D::CUDA_R_32F, C::CUBLAS_COMPUTE_32F),
+            GemmType::F64 => (D::CUDA_R_64F, C::CUBLAS_COMPUTE_64F),
+            GemmType::F16 => (D::CUDA_R_16F, C::CUBLAS_COMPUTE_32F),
+            GemmType::Bf16 => (D::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F),
+        };
+        let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
+        let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) =
+            if g.dtype == GemmType::F64 {
+                (
+                    (&one64 as *const f64).cast(),
+                    (&zero64 as *const f64).cast(),
+                )
+            } else {
+                (
+                    (&one32 as *const f32).cast(),
+                    (&zero32 as *const f32).cast(),
+                )
+            };
+        let op = |t: bool| {
+            if t {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let int = |v: usize, what: &str| {
+            i32::try_from(v).map_err(|_| CudaError::Unsupported {
+                what: format!("matmul: {what} {v} is beyond cuBLAS's 32-bit sizes"),
+            })
+        };
+        // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS multiplies B by A.
+        // SAFETY: the caller's addresses hold the matrices `g` describes; alpha and beta
+        // are host scalars of the compute type, alive for the call.
+        unsafe {
+            blas::gemm_strided_batched_ex(
+                *blas.handle(),
+                op(g.b_transposed),
+                op(g.a_transposed),
+                int(g.n, "n")?,
+                int(g.m, "m")?,
+                int(g.k, "k")?,
+                alpha,
+                b as *const std::ffi::c_void,
+                data,
+                int(g.ldb, "ldb")?,
+                g.stride_b as i64,
+                a as *const std::ffi::c_void,
+                data,
+                int(g.lda, "lda")?,
+                g.stride_a as i64,
+                beta,
+                c as *mut std::ffi::c_void,
+                data,
+                int(g.n, "ldc")?,
+                (g.m * g.n) as i64,
+                int(g.batch, "batch")?,
+                compute,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|source| CudaError::Cublas {
+            op: "cublasGemmStridedBatchedEx",
+            source,
+        })
+    }
+
     /// Wait until everything queued on the stream has run.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().op("cuStreamSynchronize")
@@ -111,6 +209,50 @@ impl Runtime {
             rt: self.clone(),
         })
     }
+}
+
+/// The element type of a [`Runtime::gemm`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum GemmType {
+    F32,
+    F64,
+    F16,
+    Bf16,
+}
+
+/// `batch` row-major products `C[m, n] = A[m, k] B[k, n]`, C contiguous. An operand is
+/// stored row-major with leading dimension `ld` (`A[i, j]` at `i * lda + j`), or, when
+/// `transposed`, is the transpose of such a matrix (`A[i, j]` at `j * lda + i`: a
+/// transposed view, read without a copy). Consecutive matrices of the batch are `stride`
+/// elements apart (0: one matrix for the whole batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct Gemm {
+    pub dtype: GemmType,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub a_transposed: bool,
+    pub lda: usize,
+    pub stride_a: usize,
+    pub b_transposed: bool,
+    pub ldb: usize,
+    pub stride_b: usize,
+}
+
+static ALLOW_TF32: AtomicBool = AtomicBool::new(false);
+
+/// Let f32 matrix products on CUDA devices run in TF32 (10-bit mantissa products, f32
+/// accumulation): off by default, as PyTorch's `torch.backends.cuda.matmul.allow_tf32`.
+pub fn set_allow_tf32(allow: bool) {
+    ALLOW_TF32.store(allow, Ordering::Relaxed);
+}
+
+/// Whether f32 matrix products may run in TF32.
+pub fn allow_tf32() -> bool {
+    ALLOW_TF32.load(Ordering::Relaxed)
 }
 
 /// Memory on one device, from its runtime's allocator; dropping it returns the block to

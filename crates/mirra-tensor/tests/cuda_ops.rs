@@ -217,7 +217,8 @@ fn copies_and_casts_match_the_cpu() {
 fn ops_without_a_cuda_path_say_so_and_mixed_devices_are_refused() {
     let x = random(&[4, 4], DType::F32, 30);
     let xg = x.to_device(gpu()).unwrap();
-    let e = xg.matmul(&xg).unwrap_err().to_string();
+    // Index ops have no CUDA path yet: an error naming the device, not a silent copy.
+    let e = xg.argmax(1, false).unwrap_err().to_string();
     assert!(e.contains("cuda:0"), "{e}");
     let e = xg.add(&x).unwrap_err().to_string();
     assert!(e.contains("cpu") && e.contains("cuda:0"), "{e}");
@@ -298,6 +299,45 @@ fn reductions_and_softmax_match_the_cpu() {
             let what = format!("log_softmax over {axis}");
             let (got, want) = (xg.log_softmax(axis).unwrap(), x.log_softmax(axis).unwrap());
             assert_summed(&what, &got, &want, 129);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn matrix_products_match_the_cpu_through_transposes_and_batches() {
+    // (a, b, transpose a's last two dims first, transpose b's)
+    let cases: [(&[usize], &[usize], bool, bool); 5] = [
+        (&[64, 96], &[96, 33], false, false),
+        (&[96, 64], &[96, 33], true, false),
+        (&[64, 96], &[33, 96], false, true),
+        (&[4, 64, 96], &[96, 33], false, false),
+        (&[4, 64, 96], &[4, 33, 96], false, true),
+    ];
+    for dtype in FLOATS {
+        for (i, (sa, sb, ta, tb)) in cases.into_iter().enumerate() {
+            let (a, b) = (
+                random(sa, dtype, 50 + i as u64),
+                random(sb, dtype, 60 + i as u64),
+            );
+            let t = |x: Tensor, yes: bool| if yes { x.t().unwrap() } else { x };
+            let (a, b) = (t(a, ta), t(b, tb));
+            let (ag, bg) = (a.to_device(gpu()).unwrap(), b.to_device(gpu()).unwrap());
+            let what = format!(
+                "matmul {sa:?}{} x {sb:?}{}",
+                if ta { "^T" } else { "" },
+                if tb { "^T" } else { "" }
+            );
+            let k = a.dims()[a.rank() - 1];
+            // cuBLAS accumulates 16-bit products in f32 and rounds once: so does this
+            // reference (the CPU's own f16 kernel may round along the way).
+            let want = if dtype == DType::F16 || dtype == DType::BF16 {
+                let f = |x: &Tensor| x.to_dtype(DType::F32).unwrap();
+                f(&a).matmul(&f(&b)).unwrap().to_dtype(dtype).unwrap()
+            } else {
+                a.matmul(&b).unwrap()
+            };
+            assert_summed(&what, &ag.matmul(&bg).unwrap(), &want, k * 4);
         }
     }
 }

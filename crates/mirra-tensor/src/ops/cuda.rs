@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use mirra_cuda::cudarc::driver::PushKernelArg;
 use mirra_cuda::kernels::{BinaryKernel, Broadcast, ReduceKernel, UnaryKernel};
-use mirra_cuda::runtime::Runtime;
+use mirra_cuda::runtime::{Gemm, GemmType, Runtime};
 use mirra_cuda::CudaError;
 use mirra_device::{Buffer, DType, DeviceError};
 
@@ -289,4 +289,123 @@ pub(crate) fn softmax(
         l.arg(&xp).arg(&yp).arg(&o).arg(&len).arg(&i).arg(&log);
     })?;
     Tensor::from_buffer(out, x.dims())
+}
+
+/// How a matrix operand's last two dimensions (`rows x cols`) lie in memory for cuBLAS:
+/// `(transposed, leading dimension)`, or `None` when neither row- nor column-major.
+fn matrix_layout(t: &Tensor, rows: usize, cols: usize) -> Option<(bool, usize)> {
+    let r = t.rank();
+    let (s_row, s_col) = (t.layout().strides()[r - 2], t.layout().strides()[r - 1]);
+    if s_col == 1 && s_row >= cols.max(1) {
+        Some((false, s_row))
+    } else if s_row == 1 && s_col >= rows.max(1) {
+        Some((true, s_col))
+    } else {
+        None
+    }
+}
+
+/// The element stride between consecutive matrices of `t` over a broadcast `batch`: 0 when
+/// `t` has no batch (or only size-1 batch dims); the stride of its last batch dimension when
+/// its batch dims are exactly `batch` and evenly spaced; otherwise `None`.
+fn batch_stride(t: &Tensor, batch: &Shape) -> Option<usize> {
+    let r = t.rank();
+    let dims = &t.dims()[..r - 2];
+    if dims.iter().all(|&d| d == 1) {
+        return Some(0);
+    }
+    if dims != &batch[..] {
+        return None;
+    }
+    let strides = &t.layout().strides()[..r - 2];
+    let last = *strides.last()?;
+    let mut want = last;
+    for d in (0..dims.len()).rev() {
+        if dims[d] > 1 && strides[d] != want {
+            return None;
+        }
+        want *= dims[d];
+    }
+    Some(last)
+}
+
+/// The matrix product of two tensors on one CUDA device (`[.., m, k] x [.., k, n]`, batch
+/// dims broadcast) through cuBLAS; transposed views are read as they are, other strided
+/// operands are copied first.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    batch: &Shape,
+    m: usize,
+    k: usize,
+    n: usize,
+    out_dims: &[usize],
+) -> Result<Tensor> {
+    let op = "matmul";
+    if a.device() != b.device() {
+        return Err(TensorError::Device(DeviceError::DeviceMismatch {
+            op,
+            lhs: a.device(),
+            rhs: b.device(),
+        }));
+    }
+    let dtype = match a.dtype() {
+        DType::F32 => GemmType::F32,
+        DType::F64 => GemmType::F64,
+        DType::F16 => GemmType::F16,
+        DType::BF16 => GemmType::Bf16,
+        dtype => return Err(TensorError::UnsupportedDType { op, dtype }),
+    };
+    // An operand cuBLAS cannot read as it lies is copied to a contiguous one.
+    let readable = |t: &Tensor, rows: usize, cols: usize| -> Result<(Tensor, bool, usize, usize)> {
+        let fits = |t: &Tensor| matrix_layout(t, rows, cols).zip(batch_stride(t, batch));
+        let t = match fits(t) {
+            Some(_) => t.clone(),
+            None => t.copy()?,
+        };
+        let ((transposed, ld), stride) = fits(&t).ok_or_else(|| TensorError::Invalid {
+            op,
+            msg: "a batch broadcast cuBLAS cannot read (expand the operand first)".into(),
+            shape: *t.shape(),
+        })?;
+        Ok((t, transposed, ld, stride))
+    };
+    let (a, a_transposed, lda, stride_a) = readable(a, m, k)?;
+    let (b, b_transposed, ldb, stride_b) = readable(b, k, n)?;
+    let rt = runtime(op, &a)?;
+    let count = batch.elem_count();
+    let out = Buffer::alloc(a.dtype(), count * m * n, a.device())?;
+    if count * m * n > 0 {
+        let g = Gemm {
+            dtype,
+            m,
+            n,
+            k,
+            batch: count,
+            a_transposed,
+            lda,
+            stride_a,
+            b_transposed,
+            ldb,
+            stride_b,
+        };
+        if k == 0 {
+            // cuBLAS leaves C untouched for k = 0 with beta 0 in some versions: zero it.
+            let mut out = out;
+            out.device_memory_mut()
+                .ok_or(TensorError::Device(DeviceError::NotOnDevice {
+                    op,
+                    device: a.device(),
+                }))?
+                .fill_zero()
+                .map_err(cuda)?;
+            return Tensor::from_buffer(out, out_dims);
+        }
+        // SAFETY: a and b hold the matrices g describes (layouts checked above), the
+        // output holds count x m x n elements, all of a's dtype on this device.
+        unsafe { rt.gemm(&g, address(op, &a)?, address(op, &b)?, buffer_address(&out)) }
+            .map_err(cuda)?;
+    }
+    Tensor::from_buffer(out, out_dims)
 }

@@ -56,6 +56,9 @@ impl Tensor {
         let batch = Shape::broadcast(op, &batch_a, &batch_b).map_err(|_| mismatch())?;
         let mut out_dims = batch.to_vec();
         out_dims.extend([m, n]);
+        if !a.device().is_cpu() || !b.device().is_cpu() {
+            return super::cuda::matmul(a, b, &batch, m, k, n, &out_dims);
+        }
         match a.dtype() {
             DType::F32 => gemm_batched::<f32>(a, b, &batch, m, k, n, &out_dims),
             DType::F64 => gemm_batched::<f64>(a, b, &batch, m, k, n, &out_dims),
