@@ -341,3 +341,32 @@ fn matrix_products_match_the_cpu_through_transposes_and_batches() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gather_and_scatter_add_match_the_cpu_and_refuse_bad_indices() {
+    let labels: Vec<i64> = (0..64).map(|i| (i * 7 % 10) as i64).collect();
+    let index = Tensor::from_slice(&labels, &[64, 1], Device::Cpu).unwrap();
+    for dtype in FLOATS {
+        let x = random(&[64, 10], dtype, 70);
+        let xg = x.to_device(gpu()).unwrap();
+        // The index on the host (uploaded) and on the device.
+        for idx in [index.clone(), index.to_device(gpu()).unwrap()] {
+            let got = xg.gather(-1, &idx).unwrap();
+            assert_close("gather", &got, &x.gather(-1, &index).unwrap(), 0.0);
+            let g = random(&[64, 1], dtype, 71);
+            let gg = g.to_device(gpu()).unwrap();
+            let got = gg.scatter_add(-1, &idx, &[64, 10]).unwrap();
+            let want = g.scatter_add(-1, &index, &[64, 10]).unwrap();
+            assert_close("scatter_add", &got, &want, 0.0);
+        }
+        let bad = Tensor::from_slice(&[3i64, 10], &[2, 1], Device::Cpu).unwrap();
+        let e = random(&[2, 10], dtype, 72)
+            .to_device(gpu())
+            .unwrap()
+            .gather(-1, &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("out of range 0..10"), "{e}");
+    }
+}

@@ -409,3 +409,110 @@ pub(crate) fn matmul(
     }
     Tensor::from_buffer(out, out_dims)
 }
+
+/// `index` as i64 on `device` (a host index tensor of any integer dtype is converted and
+/// uploaded; one on the device must be i64 already).
+fn device_index(op: &'static str, index: &Tensor, x: &Tensor) -> Result<Tensor> {
+    if index.device() == x.device() && index.dtype() == DType::I64 {
+        return index.contiguous();
+    }
+    if !index.device().is_cpu() {
+        return Err(TensorError::UnsupportedDType {
+            op,
+            dtype: index.dtype(),
+        });
+    }
+    let host = match index.dtype() {
+        DType::I64 => index.contiguous()?,
+        DType::I32 | DType::U8 => index.to_dtype(DType::I64)?,
+        dtype => return Err(TensorError::UnsupportedDType { op, dtype }),
+    };
+    host.to_device(x.device())
+}
+
+/// Reads the kernel's bad-index flag: an error when an index was outside `0..n`.
+fn check_flag(op: &'static str, flag: &Buffer, n: usize, shape: &Shape) -> Result<()> {
+    let bad = flag.to_device(mirra_device::Device::Cpu)?;
+    if bad.as_slice::<i32>()?[0] != 0 {
+        return Err(TensorError::Invalid {
+            op,
+            msg: format!("an index out of range 0..{n}"),
+            shape: *shape,
+        });
+    }
+    Ok(())
+}
+
+/// `gather` along the middle axis of `x` viewed as `[outer, n, inner]`, `index` as
+/// `[outer, k, inner]` (float `x`).
+pub(crate) fn gather(x: &Tensor, ax: usize, index: &Tensor) -> Result<Tensor> {
+    let op = "gather";
+    let sfx = float_suffix(op, x.dtype())?;
+    let x = x.contiguous()?;
+    let index = device_index(op, index, &x)?;
+    let rt = runtime(op, &x)?;
+    let (outer, n, inner) = split3(x.dims(), ax);
+    let k = index.dims()[ax];
+    let out = Buffer::alloc(x.dtype(), index.elem_count(), x.device())?;
+    let flag = Buffer::zeros(DType::I32, 1, x.device())?;
+    let (xp, ip, yp, fp) = (
+        address(op, &x)?,
+        address(op, &index)?,
+        buffer_address(&out),
+        buffer_address(&flag),
+    );
+    let (o, nn, kk, i) = (outer as u64, n as u64, k as u64, inner as u64);
+    launch!(rt, format!("gather_{sfx}"), index.elem_count(), |l| {
+        l.arg(&xp)
+            .arg(&ip)
+            .arg(&yp)
+            .arg(&o)
+            .arg(&nn)
+            .arg(&kk)
+            .arg(&i)
+            .arg(&fp);
+    })?;
+    check_flag(op, &flag, n, x.shape())?;
+    Tensor::from_buffer(out, index.dims())
+}
+
+/// `scatter_add` of `g` (shaped as `index`) into zeros of `dims` along `ax`.
+pub(crate) fn scatter_add(g: &Tensor, ax: usize, index: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    let op = "scatter_add";
+    let sfx = float_suffix(op, g.dtype())?;
+    let g = g.contiguous()?;
+    let index = device_index(op, index, &g)?;
+    let rt = runtime(op, &g)?;
+    let (outer, n, inner) = split3(dims, ax);
+    let k = index.dims()[ax];
+    let out = Buffer::zeros(g.dtype(), dims.iter().product(), g.device())?;
+    let flag = Buffer::zeros(DType::I32, 1, g.device())?;
+    let (gp, ip, yp, fp) = (
+        address(op, &g)?,
+        address(op, &index)?,
+        buffer_address(&out),
+        buffer_address(&flag),
+    );
+    let (o, nn, kk, i) = (outer as u64, n as u64, k as u64, inner as u64);
+    launch!(rt, format!("scatter_add_{sfx}"), outer * inner, |l| {
+        l.arg(&gp)
+            .arg(&ip)
+            .arg(&yp)
+            .arg(&o)
+            .arg(&nn)
+            .arg(&kk)
+            .arg(&i)
+            .arg(&fp);
+    })?;
+    check_flag(op, &flag, n, g.shape())?;
+    Tensor::from_buffer(out, dims)
+}
+
+/// `dims` as `[outer, dims[ax], inner]`.
+fn split3(dims: &[usize], ax: usize) -> (usize, usize, usize) {
+    (
+        dims[..ax].iter().product(),
+        dims[ax],
+        dims[ax + 1..].iter().product(),
+    )
+}

@@ -63,6 +63,9 @@ impl Tensor {
     pub fn gather(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
         let ax = self.shape().axis("gather", axis)?;
         self.check_index_shape("gather", ax, index)?;
+        if !self.device().is_cpu() {
+            return super::cuda::gather(self, ax, index);
+        }
         let idx = indices("gather", index)?;
         let x = self.contiguous()?;
         let mut out = Buffer::alloc(self.dtype(), idx.len(), self.device())?;
@@ -88,6 +91,9 @@ impl Tensor {
                 lhs: *self.shape(),
                 rhs: *index.shape(),
             });
+        }
+        if !self.device().is_cpu() {
+            return super::cuda::scatter_add(self, ax, index, dims);
         }
         let idx = indices("scatter_add", index)?;
         let src = self.contiguous()?;
