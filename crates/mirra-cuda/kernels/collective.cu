@@ -1,7 +1,7 @@
 // The element-wise reduction of the collectives (the GPU ring of the next issue): dst =
 // op(dst, src) over n elements, for every dtype, and the mean's final division. Floats
 // compute in their accumulation type; integers wrap (as NCCL's and the CPU collectives').
-// Op codes: mirra-cuda's `ReduceKernel` (sum, mean, max, min, product; mean adds here
+// Op codes: `enum Reduce` of common.cuh (sum, mean, max, min, product; mean adds here
 // and divides once at the end with `divide_*`).
 #include "common.cuh"
 
@@ -15,17 +15,6 @@ template <> __device__ __forceinline__ unsigned char narrow<unsigned char, unsig
     return (unsigned char)x;
 }
 
-enum Reduce { REDUCE_SUM = 0, REDUCE_MEAN = 1, REDUCE_MAX = 2, REDUCE_MIN = 3, REDUCE_PRODUCT = 4 };
-
-template <typename A> __device__ __forceinline__ A combine(int op, A a, A b) {
-    switch (op) {
-    case REDUCE_MAX: return max_nan(a, b);
-    case REDUCE_MIN: return min_nan(a, b);
-    case REDUCE_PRODUCT: return a * b;
-    default: return a + b;
-    }
-}
-
 // Signed integers wrap through their unsigned twins (signed overflow is undefined in C++).
 template <typename S, typename U> __device__ __forceinline__ S combine_wrapping(int op, S a, S b) {
     switch (op) {
@@ -35,17 +24,17 @@ template <typename S, typename U> __device__ __forceinline__ S combine_wrapping(
     default: return (S)((U)a + (U)b);
     }
 }
-template <> __device__ __forceinline__ int combine<int>(int op, int a, int b) {
+template <> __device__ __forceinline__ int reduce_combine<int>(int op, int a, int b) {
     return combine_wrapping<int, unsigned>(op, a, b);
 }
-template <> __device__ __forceinline__ i64 combine<i64>(int op, i64 a, i64 b) {
+template <> __device__ __forceinline__ i64 reduce_combine<i64>(int op, i64 a, i64 b) {
     return combine_wrapping<i64, u64>(op, a, b);
 }
 
 template <typename T> __device__ void reduce_into(int op, T* dst, const T* src, u64 n) {
     for (u64 i = global_index(); i < n; i += grid_stride()) {
         auto a = to_acc(dst[i]);
-        dst[i] = narrow<T>(combine(op, a, (decltype(a))to_acc(src[i])));
+        dst[i] = narrow<T>(reduce_combine(op, a, (decltype(a))to_acc(src[i])));
     }
 }
 

@@ -70,6 +70,20 @@ template <typename A, typename Op> __device__ A block_reduce(A v, Op op) {
     return warp_values[0];
 }
 
+// The reduction op codes of reduce.cu and collective.cu: mirra-cuda's `ReduceKernel`
+// (src/kernels.rs, whose tests check that the numbers agree).
+enum Reduce { REDUCE_SUM = 0, REDUCE_MEAN = 1, REDUCE_MAX = 2, REDUCE_MIN = 3, REDUCE_PRODUCT = 4 };
+
+// One step of reduction `op` (the mean adds; its division comes last).
+template <typename A> __device__ __forceinline__ A reduce_combine(int op, A a, A b) {
+    switch (op) {
+    case REDUCE_MAX: return max_nan(a, b);
+    case REDUCE_MIN: return min_nan(a, b);
+    case REDUCE_PRODUCT: return a * b;
+    default: return a + b;
+    }
+}
+
 struct SumOp { template <typename A> __device__ A operator()(A a, A b) const { return a + b; } };
 struct MaxOp { template <typename A> __device__ A operator()(A a, A b) const { return max_nan(a, b); } };
 struct MinOp { template <typename A> __device__ A operator()(A a, A b) const { return min_nan(a, b); } };

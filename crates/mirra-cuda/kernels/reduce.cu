@@ -2,10 +2,8 @@
 // (sum, mean, max, min, product, accumulated in f32, or f64 for f64), and the partial sums
 // of squares of gradient clipping. Every result is deterministic: each output has one
 // block or one thread, whose order of additions depends only on the launch shape.
-// Op codes: mirra-cuda's `ReduceKernel` (src/kernels.rs).
+// Op codes: `enum Reduce` of common.cuh.
 #include "common.cuh"
-
-enum Reduce { REDUCE_SUM = 0, REDUCE_MEAN = 1, REDUCE_MAX = 2, REDUCE_MIN = 3, REDUCE_PRODUCT = 4 };
 
 struct ProductOp { template <typename A> __device__ A operator()(A a, A b) const { return a * b; } };
 
@@ -15,15 +13,6 @@ template <typename A> __device__ __forceinline__ A reduce_identity(int op) {
     case REDUCE_MIN: return A(MIRRA_INF);
     case REDUCE_PRODUCT: return A(1);
     default: return A(0);
-    }
-}
-
-template <typename A> __device__ __forceinline__ A reduce_combine(int op, A a, A b) {
-    switch (op) {
-    case REDUCE_MAX: return max_nan(a, b);
-    case REDUCE_MIN: return min_nan(a, b);
-    case REDUCE_PRODUCT: return a * b;
-    default: return a + b;
     }
 }
 

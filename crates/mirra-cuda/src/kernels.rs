@@ -8,7 +8,7 @@
 //! compiled without FMA contraction, so they round as the CPU's Rust does.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
 use cudarc::nvrtc::Ptx;
@@ -70,9 +70,19 @@ fn entries(ptx: &'static str) -> Vec<&'static str> {
         .collect()
 }
 
-/// The module that defines kernel `name`.
+/// The module that defines kernel `name` (an index of every module's entries, read from
+/// the PTX once).
 pub fn module_of(name: &str) -> Option<&'static Module> {
-    MODULES.iter().find(|m| m.entries().contains(&name))
+    static INDEX: OnceLock<HashMap<&'static str, &'static Module>> = OnceLock::new();
+    INDEX
+        .get_or_init(|| {
+            MODULES
+                .iter()
+                .flat_map(|m| m.entries().into_iter().map(move |e| (e, m)))
+                .collect()
+        })
+        .get(name)
+        .copied()
 }
 
 /// The op codes of `unary_<dtype>` (`enum Unary` of `kernels/elementwise.cu`), in the order
@@ -115,7 +125,7 @@ pub enum BinaryKernel {
 }
 
 /// The op codes of `reduce_rows_*`, `reduce_strided_*` and `reduce_into_*` (`enum Reduce`
-/// of `kernels/reduce.cu` and `kernels/collective.cu`).
+/// of `kernels/common.cuh`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(i32)]
 #[allow(missing_docs)]
@@ -157,7 +167,16 @@ pub const BLOCK: u32 = 256;
 pub struct Kernels {
     ctx: Arc<CudaContext>,
     capability: (i32, i32),
-    loaded: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    multiprocessors: usize,
+    loaded: Mutex<Loaded>,
+}
+
+/// The modules loaded so far, and the functions looked up in them (a launch looks its
+/// kernel up here, not in the driver).
+#[derive(Default)]
+struct Loaded {
+    modules: HashMap<&'static str, Arc<CudaModule>>,
+    functions: HashMap<String, CudaFunction>,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -178,24 +197,26 @@ impl Kernels {
         let capability = ctx.compute_capability().op("cuDeviceGetAttribute")?;
         // Refuse an unsupported device now rather than at the first launch.
         MODULES[0].ptx_for(capability.0, capability.1)?;
+        let multiprocessors = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .op("cuDeviceGetAttribute")?
+            .max(1) as usize;
         Ok(Kernels {
             ctx,
             capability,
-            loaded: Mutex::new(HashMap::new()),
+            multiprocessors,
+            loaded: Mutex::new(Loaded::default()),
         })
     }
 
     /// The launch of a grid-stride kernel over `n` elements: blocks of [`BLOCK`] threads, as
     /// many as cover `n` up to 32 per multiprocessor (each thread then loops).
     pub fn grid(&self, n: usize) -> LaunchConfig {
-        let sms = self
-            .ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .unwrap_or(1)
-            .max(1) as usize;
-        let blocks = n.div_ceil(BLOCK as usize).clamp(1, 32 * sms);
+        let blocks = n
+            .div_ceil(BLOCK as usize)
+            .clamp(1, 32 * self.multiprocessors);
         LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (BLOCK, 1, 1),
@@ -215,27 +236,30 @@ impl Kernels {
 
     /// The kernel `name` (`<kernel>_<dtype>`), loading its module on first use.
     pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = loaded.functions.get(name) {
+            return Ok(f.clone());
+        }
         let module = module_of(name).ok_or_else(|| CudaError::Unsupported {
             what: format!("no kernel named {name} in mirra's PTX"),
         })?;
-        let loaded = {
-            let mut map = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-            match map.get(module.name) {
-                Some(m) => m.clone(),
-                None => {
-                    let ptx = module.ptx_for(self.capability.0, self.capability.1)?;
-                    let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(|source| {
-                        CudaError::Driver {
-                            op: "cuModuleLoadData (mirra's PTX)",
-                            source,
-                        }
-                    })?;
-                    map.insert(module.name, m.clone());
-                    m
-                }
+        let m = match loaded.modules.get(module.name) {
+            Some(m) => m.clone(),
+            None => {
+                let ptx = module.ptx_for(self.capability.0, self.capability.1)?;
+                let m = self.ctx.load_module(Ptx::from_src(ptx)).map_err(|source| {
+                    CudaError::Driver {
+                        op: "cuModuleLoadData (mirra's PTX)",
+                        source,
+                    }
+                })?;
+                loaded.modules.insert(module.name, m.clone());
+                m
             }
         };
-        loaded.load_function(name).op("cuModuleGetFunction")
+        let f = m.load_function(name).op("cuModuleGetFunction")?;
+        loaded.functions.insert(name.to_string(), f.clone());
+        Ok(f)
     }
 }
 
@@ -327,12 +351,8 @@ mod tests {
             &binary.map(|b| (b, b as i32)),
         );
         let reduce = [R::Sum, R::Mean, R::Max, R::Min, R::Product];
-        for source in [
-            include_str!("../kernels/reduce.cu"),
-            include_str!("../kernels/collective.cu"),
-        ] {
-            check(source, "Reduce", "REDUCE_", &reduce.map(|r| (r, r as i32)));
-        }
+        let common = include_str!("../kernels/common.cuh");
+        check(common, "Reduce", "REDUCE_", &reduce.map(|r| (r, r as i32)));
     }
 
     #[test]

@@ -64,6 +64,12 @@ fn ulp(dtype: DType, v: f64) -> f64 {
     epsilon(dtype) * 2f64.powf(e)
 }
 
+/// The elements of `t`, wherever it is, as f64 on the host.
+fn host_f64(t: &Tensor) -> Vec<f64> {
+    let t = t.to_device(Device::Cpu).unwrap();
+    t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
+}
+
 /// `got` (computed on the GPU) against `want` (on the CPU): equal shapes and dtypes, and
 /// every element within `ulps` units in the last place (0: the same value; NaN matches
 /// NaN only).
@@ -75,13 +81,7 @@ fn assert_close(what: &str, got: &Tensor, want: &Tensor, ulps: f64) {
         "{what}"
     );
     let dtype = want.dtype();
-    let g = got
-        .to_device(Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap();
-    let w = want.to_dtype(DType::F64).unwrap();
-    let (g, w) = (g.to_vec::<f64>().unwrap(), w.to_vec::<f64>().unwrap());
+    let (g, w) = (host_f64(got), host_f64(want));
     for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
         let ok = if a.is_nan() || b.is_nan() {
             a.is_nan() && b.is_nan()
@@ -235,13 +235,7 @@ fn assert_summed(what: &str, got: &Tensor, want: &Tensor, n: usize) {
     } else {
         f32::EPSILON as f64
     };
-    let g = got
-        .to_device(Device::Cpu)
-        .unwrap()
-        .to_dtype(DType::F64)
-        .unwrap();
-    let w = want.to_dtype(DType::F64).unwrap();
-    let (g, w) = (g.to_vec::<f64>().unwrap(), w.to_vec::<f64>().unwrap());
+    let (g, w) = (host_f64(got), host_f64(want));
     for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
         let bound = ulp(dtype, b) + n as f64 * 4.0 * acc_eps;
         assert!(

@@ -170,13 +170,23 @@ pub fn ensure_writable_dir(dir: &Path) -> Result<()> {
 /// (`.{name}.tmp{pid}`), and return their paths. Only safe while no other process writes
 /// to `dir`: call it while holding its [`DirLock`].
 pub fn remove_stale_temporaries(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(io_error(dir))?;
+    remove_files_named(dir, entries, is_temporary_name)
+}
+
+/// Remove the regular files among `entries` (of `dir`) whose names `matches`, and return
+/// their paths, sorted.
+fn remove_files_named(
+    dir: &Path,
+    entries: std::fs::ReadDir,
+    matches: impl Fn(&str) -> bool,
+) -> Result<Vec<PathBuf>> {
     let io = io_error(dir);
     let mut removed = vec![];
-    for entry in std::fs::read_dir(dir).map_err(&io)? {
+    for entry in entries {
         let entry = entry.map_err(&io)?;
         let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !is_temporary_name(name) || !entry.file_type().map_err(&io)?.is_file() {
+        if !name.to_str().is_some_and(&matches) || !entry.file_type().map_err(&io)?.is_file() {
             continue;
         }
         let path = entry.path();
@@ -208,25 +218,12 @@ pub fn remove_dead_temporaries_of(path: &Path) -> Result<Vec<PathBuf>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
         Err(e) => return Err(io_error(dir)(e)),
     };
-    let mut removed = vec![];
-    for entry in entries {
-        let entry = entry.map_err(io_error(dir))?;
-        let entry_name = entry.file_name();
-        let Some(pid) = entry_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
-            continue;
-        };
-        let Ok(pid) = pid.parse::<u32>() else {
-            continue;
-        };
-        if process_exists(pid) || !entry.file_type().map_err(io_error(dir))?.is_file() {
-            continue;
-        }
-        let path = entry.path();
-        std::fs::remove_file(&path).map_err(io_error(&path))?;
-        removed.push(path);
-    }
-    removed.sort();
-    Ok(removed)
+    // A writer's pid that names no process: its temporary file is stale.
+    remove_files_named(dir, entries, |n| {
+        n.strip_prefix(&prefix)
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| !process_exists(pid))
+    })
 }
 
 /// Whether a process `pid` exists (this one included): `kill(pid, 0)` succeeds, or fails

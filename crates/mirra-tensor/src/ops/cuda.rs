@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use mirra_cuda::cudarc::driver::PushKernelArg;
 use mirra_cuda::kernels::{BinaryKernel, Broadcast, ReduceKernel, UnaryKernel};
-use mirra_cuda::runtime::{Gemm, GemmType, Runtime};
+use mirra_cuda::runtime::{DeviceBuffer, Gemm, GemmType, Runtime};
 use mirra_cuda::CudaError;
 use mirra_device::{Buffer, DType, DeviceError};
 
@@ -44,27 +44,37 @@ fn cuda(e: CudaError) -> TensorError {
     TensorError::Device(DeviceError::Cuda(e))
 }
 
-/// The runtime of the device `t` lives on.
-fn runtime(op: &'static str, t: &Tensor) -> Result<Arc<Runtime>> {
+/// The device memory of `t`'s buffer; an error for a tensor that is not on a device.
+fn device_memory<'t>(op: &'static str, t: &'t Tensor) -> Result<&'t DeviceBuffer> {
     t.buffer()
         .device_memory()
-        .map(|m| m.runtime().clone())
         .ok_or(TensorError::Device(DeviceError::NotOnDevice {
             op,
             device: t.device(),
         }))
 }
 
+/// The runtime of the device `t` lives on.
+fn runtime(op: &'static str, t: &Tensor) -> Result<Arc<Runtime>> {
+    Ok(device_memory(op, t)?.runtime().clone())
+}
+
 /// The device address of `t`'s first element (its buffer's plus the layout's offset).
 fn address(op: &'static str, t: &Tensor) -> Result<u64> {
-    let m = t
-        .buffer()
-        .device_memory()
-        .ok_or(TensorError::Device(DeviceError::NotOnDevice {
-            op,
-            device: t.device(),
-        }))?;
-    Ok(m.ptr() + (t.layout().offset() * t.dtype().size_in_bytes()) as u64)
+    let base = device_memory(op, t)?.ptr();
+    Ok(base + (t.layout().offset() * t.dtype().size_in_bytes()) as u64)
+}
+
+/// An error unless both operands are on one device.
+fn same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.device() == b.device() {
+        return Ok(());
+    }
+    Err(TensorError::Device(DeviceError::DeviceMismatch {
+        op,
+        lhs: a.device(),
+        rhs: b.device(),
+    }))
 }
 
 /// The device address of a buffer's first element.
@@ -141,13 +151,7 @@ pub(crate) fn binary(
     shape: &Shape,
 ) -> Result<Tensor> {
     let sfx = float_suffix(op, a.dtype())?;
-    if a.device() != b.device() {
-        return Err(TensorError::Device(DeviceError::DeviceMismatch {
-            op,
-            lhs: a.device(),
-            rhs: b.device(),
-        }));
-    }
+    same_device(op, a, b)?;
     let rt = runtime(op, a)?;
     let n = shape.elem_count();
     let out = Buffer::alloc(a.dtype(), n, a.device())?;
@@ -343,13 +347,7 @@ pub(crate) fn matmul(
     out_dims: &[usize],
 ) -> Result<Tensor> {
     let op = "matmul";
-    if a.device() != b.device() {
-        return Err(TensorError::Device(DeviceError::DeviceMismatch {
-            op,
-            lhs: a.device(),
-            rhs: b.device(),
-        }));
-    }
+    same_device(op, a, b)?;
     let dtype = match a.dtype() {
         DType::F32 => GemmType::F32,
         DType::F64 => GemmType::F64,
@@ -476,21 +474,21 @@ pub(crate) fn gather(x: &Tensor, ax: usize, index: &Tensor) -> Result<Tensor> {
     Tensor::from_buffer(out, index.dims())
 }
 
-/// `scatter_add` of `g` (shaped as `index`) into zeros of `dims` along `ax`.
-pub(crate) fn scatter_add(g: &Tensor, ax: usize, index: &Tensor, dims: &[usize]) -> Result<Tensor> {
+/// `scatter_add` of `g` (shaped as `index`) along `ax` into `target`, a new zero tensor on
+/// `g`'s device (written in place: nobody else holds it).
+pub(crate) fn scatter_add(g: &Tensor, ax: usize, index: &Tensor, target: Tensor) -> Result<Tensor> {
     let op = "scatter_add";
     let sfx = float_suffix(op, g.dtype())?;
     let g = g.contiguous()?;
     let index = device_index(op, index, &g)?;
     let rt = runtime(op, &g)?;
-    let (outer, n, inner) = split3(dims, ax);
+    let (outer, n, inner) = split3(target.dims(), ax);
     let k = index.dims()[ax];
-    let out = Buffer::zeros(g.dtype(), dims.iter().product(), g.device())?;
     let flag = Buffer::zeros(DType::I32, 1, g.device())?;
     let (gp, ip, yp, fp) = (
         address(op, &g)?,
         address(op, &index)?,
-        buffer_address(&out),
+        address(op, &target)?,
         buffer_address(&flag),
     );
     let (o, nn, kk, i) = (outer as u64, n as u64, k as u64, inner as u64);
@@ -505,7 +503,7 @@ pub(crate) fn scatter_add(g: &Tensor, ax: usize, index: &Tensor, dims: &[usize])
             .arg(&fp);
     })?;
     check_flag(op, &flag, n, g.shape())?;
-    Tensor::from_buffer(out, dims)
+    Ok(target)
 }
 
 /// `dims` as `[outer, dims[ax], inner]`.

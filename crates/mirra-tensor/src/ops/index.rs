@@ -93,7 +93,7 @@ impl Tensor {
             });
         }
         if !self.device().is_cpu() {
-            return super::cuda::scatter_add(self, ax, index, dims);
+            return super::cuda::scatter_add(self, ax, index, target);
         }
         let idx = indices("scatter_add", index)?;
         let src = self.contiguous()?;
