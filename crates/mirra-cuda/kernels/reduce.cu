@@ -1,7 +1,7 @@
 // Reductions along one axis of a tensor viewed as [outer, n, inner] -> [outer, inner]
-// (sum, mean, max, min, product, accumulated in f32, or f64 for f64), and the partial sums
-// of squares of gradient clipping. Every result is deterministic: each output has one
-// block or one thread, whose order of additions depends only on the launch shape.
+// (sum, mean, max, min, product, accumulated in f32, or f64 for f64), argmax, and the
+// partial sums of squares of gradient clipping. Every result is deterministic: each output
+// has one block or one thread, whose order of additions depends only on the launch shape.
 // Op codes: `enum Reduce` of common.cuh.
 #include "common.cuh"
 
@@ -60,6 +60,26 @@ template <typename T> __device__ void sum_squares_partial(const T* x, u64 n, dou
     if (threadIdx.x == 0) partials[blockIdx.x] = v;
 }
 
+// The index of the largest element along the middle axis of [outer, n, inner], as i64: one
+// thread per output walking the axis in order; the first maximum wins ties and the first
+// NaN counts as the largest (PyTorch's rule and the CPU's).
+template <typename T> __device__ void argmax(const T* x, i64* y, u64 outer, u64 n, u64 inner) {
+    typedef typename Acc<T>::type A;
+    for (u64 i = global_index(); i < outer * inner; i += grid_stride()) {
+        const T* p = x + (i / inner) * n * inner + i % inner;
+        u64 best = 0;
+        A b = to_acc(p[0]);
+        for (u64 j = 1; j < n && b == b; ++j) {
+            const A v = to_acc(p[j * inner]);
+            if (v > b || v != v) {
+                best = j;
+                b = v;
+            }
+        }
+        y[i] = (i64)best;
+    }
+}
+
 #define REDUCE(T, name)                                                                            \
     extern "C" __global__ void reduce_rows_##name(int op, const T* x, T* y, u64 rows, u64 n) {    \
         reduce_rows(op, x, y, rows, n);                                                           \
@@ -70,5 +90,8 @@ template <typename T> __device__ void sum_squares_partial(const T* x, u64 n, dou
     }                                                                                              \
     extern "C" __global__ void sum_squares_partial_##name(const T* x, u64 n, double* partials) {  \
         sum_squares_partial(x, n, partials);                                                      \
+    }                                                                                              \
+    extern "C" __global__ void argmax_##name(const T* x, i64* y, u64 outer, u64 n, u64 inner) {   \
+        argmax(x, y, outer, n, inner);                                                            \
     }
 MIRRA_FLOAT_KERNELS(REDUCE)

@@ -1,6 +1,6 @@
-// Softmax and log-softmax along one axis of a tensor viewed as [outer, n, inner], their
-// backward maps, and gather / scatter-add along an axis (sparse cross-entropy is
-// log-softmax, gather and negation, as on the CPU). One block per (outer, inner) line:
+// Softmax and log-softmax along one axis of a tensor viewed as [outer, n, inner] and their
+// backward maps (sparse cross-entropy is log-softmax, then index.cu's gather and a
+// negation, as on the CPU). One block per (outer, inner) line:
 // the max is subtracted before exponentiating, and a NaN input makes its line NaN.
 #include "common.cuh"
 
@@ -50,42 +50,6 @@ __device__ void softmax_backward(const T* y, const T* g, T* dx, u64 outer, u64 n
     }
 }
 
-// y[o, j, i] = x[o, index[o, j, i], i] for x [outer, n, inner] and index [outer, k, inner];
-// an index outside [0, n) writes NaN there and sets *bad (the host turns it into an
-// error naming the index: never a silent wrong read).
-template <typename T>
-__device__ void gather(const T* x, const i64* index, T* y, u64 outer, u64 n, u64 k, u64 inner, int* bad) {
-    for (u64 i = global_index(); i < outer * k * inner; i += grid_stride()) {
-        const u64 o = i / (k * inner), r = i % inner;
-        const i64 j = index[i];
-        if (j < 0 || (u64)j >= n) {
-            *bad = 1;
-            y[i] = from_acc<T>(typename Acc<T>::type(MIRRA_NAN));
-        } else {
-            y[i] = x[(o * n + (u64)j) * inner + r];
-        }
-    }
-}
-
-// The backward of gather: dx[o, index[o, j, i], i] += g[o, j, i], with dx zeroed first.
-// One thread per (o, i) line walks j in order, so repeated indices add in a fixed order.
-template <typename T>
-__device__ void scatter_add(const T* g, const i64* index, T* dx, u64 outer, u64 n, u64 k, u64 inner, int* bad) {
-    for (u64 line = global_index(); line < outer * inner; line += grid_stride()) {
-        const u64 o = line / inner, r = line % inner;
-        for (u64 j = 0; j < k; ++j) {
-            const u64 src = (o * k + j) * inner + r;
-            const i64 t = index[src];
-            if (t < 0 || (u64)t >= n) {
-                *bad = 1;
-                continue;
-            }
-            const u64 dst = (o * n + (u64)t) * inner + r;
-            dx[dst] = from_acc<T>(to_acc(dx[dst]) + to_acc(g[src]));
-        }
-    }
-}
-
 #define SOFTMAX(T, name)                                                                             \
     extern "C" __global__ void softmax_##name(const T* x, T* y, u64 outer, u64 n, u64 inner, int log) { \
         softmax(x, y, outer, n, inner, log);                                                         \
@@ -93,13 +57,5 @@ __device__ void scatter_add(const T* g, const i64* index, T* dx, u64 outer, u64 
     extern "C" __global__ void softmax_backward_##name(const T* y, const T* g, T* dx, u64 outer,     \
                                                        u64 n, u64 inner, int log) {                  \
         softmax_backward(y, g, dx, outer, n, inner, log);                                           \
-    }                                                                                                \
-    extern "C" __global__ void gather_##name(const T* x, const i64* index, T* y, u64 outer, u64 n,  \
-                                             u64 k, u64 inner, int* bad) {                           \
-        gather(x, index, y, outer, n, k, inner, bad);                                                \
-    }                                                                                                \
-    extern "C" __global__ void scatter_add_##name(const T* g, const i64* index, T* dx, u64 outer,    \
-                                                  u64 n, u64 k, u64 inner, int* bad) {               \
-        scatter_add(g, index, dx, outer, n, k, inner, bad);                                          \
     }
 MIRRA_FLOAT_KERNELS(SOFTMAX)

@@ -39,7 +39,14 @@ macro_rules! modules {
     };
 }
 
-modules!("collective", "elementwise", "optim", "reduce", "softmax");
+modules!(
+    "collective",
+    "elementwise",
+    "index",
+    "optim",
+    "reduce",
+    "softmax"
+);
 
 impl Module {
     /// The PTX for a device of compute capability `major.minor`: sm_90's from 9.0 on, sm_80's
@@ -384,6 +391,8 @@ mod tests {
             "adam",
             "rmsprop",
             "scale_in_place",
+            "argmax",
+            "one_hot",
         ] {
             want.extend(floats.map(|d| format!("{k}_{d}")));
         }
@@ -391,6 +400,7 @@ mod tests {
             want.push(format!("reduce_into_{d}"));
             want.push(format!("divide_{d}"));
             want.push(format!("copy_strided_{d}"));
+            want.push(format!("index_select_{d}"));
         }
         for s in floats {
             want.extend(floats.map(|d| format!("cast_{s}_{d}")));

@@ -19,6 +19,41 @@ use crate::kernels::Kernels;
 use crate::library::{self, Library};
 use crate::{devices, CudaError, Result};
 
+/// Launches mirra kernel `name` (`<kernel>_<dtype>`) on a [`Runtime`]'s stream: `grid n`
+/// (or just `n`) is a grid-stride launch over `n` elements ([`Kernels::grid`]), `per_line n`
+/// one block per line of `n` lines ([`Kernels::per_line`]); the closure's block pushes the
+/// kernel's arguments in the order and types of its source (`kernels/*.cu`). Evaluates to
+/// `mirra_cuda::Result<()>`.
+///
+/// The launch is `unsafe` underneath: the caller's arguments must be the kernel's
+/// parameters, pointers to device memory of the sizes the kernel indexes.
+///
+/// [`Kernels::grid`]: crate::kernels::Kernels::grid
+/// [`Kernels::per_line`]: crate::kernels::Kernels::per_line
+#[macro_export]
+macro_rules! launch {
+    ($rt:expr, $name:expr, $n:expr, |$l:ident| $push:block) => {
+        $crate::launch!($rt, $name, grid $n, |$l| $push)
+    };
+    ($rt:expr, $name:expr, $how:ident $n:expr, |$l:ident| $push:block) => {{
+        #[allow(unused_imports)]
+        use $crate::cudarc::driver::PushKernelArg as _;
+        let rt: &$crate::runtime::Runtime = &$rt;
+        (|| -> $crate::Result<()> {
+            let kernels = rt.kernels()?;
+            let f = kernels.function(&$name)?;
+            let cfg = kernels.$how($n);
+            let mut $l = rt.stream().launch_builder(&f);
+            $push
+            // SAFETY: the macro's contract: the caller pushes the kernel's parameters in its
+            // order and types, pointers to device buffers of the sizes the kernel indexes.
+            unsafe { $l.launch(cfg) }
+                .map(|_| ())
+                .map_err(|source| $crate::CudaError::Driver { op: "cuLaunchKernel", source })
+        })()
+    }};
+}
+
 /// A device's context, stream, allocator and kernels.
 pub struct Runtime {
     ordinal: usize,
@@ -364,6 +399,79 @@ impl DeviceBuffer {
             )
         }
         .op("cuMemcpyDtoDAsync")
+    }
+
+    /// Copy `rows` runs of `width` bytes from `src` into this buffer, in stream order: run
+    /// `r` from byte `src_offset + r * src_pitch` of `src` to byte `dst_offset + r *
+    /// dst_pitch` here (one `cuMemcpy2DAsync`: a concatenation's part into its place).
+    /// An error when a run would leave either buffer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_rows_from(
+        &mut self,
+        dst_offset: usize,
+        dst_pitch: usize,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        src_pitch: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<()> {
+        if rows == 0 || width == 0 {
+            return Ok(());
+        }
+        let end = |offset: usize, pitch: usize| offset + (rows - 1) * pitch + width;
+        if width > src_pitch.min(dst_pitch)
+            || end(src_offset, src_pitch) > src.bytes
+            || end(dst_offset, dst_pitch) > self.bytes
+            || src.rt.ordinal != self.rt.ordinal
+        {
+            return Err(CudaError::Unsupported {
+                what: format!(
+                    "copy_rows_from: {rows} runs of {width} bytes (pitches {src_pitch} and \
+                     {dst_pitch}, offsets {src_offset} and {dst_offset}) between buffers of \
+                     {} B on cuda:{} and {} B on cuda:{}",
+                    src.bytes, src.rt.ordinal, self.bytes, self.rt.ordinal
+                ),
+            });
+        }
+        self.rt.bind()?;
+        if rows == 1 {
+            // One run: a plain copy (no pitch limit).
+            // SAFETY: the run lies inside both buffers (checked above); queued on the stream.
+            return unsafe {
+                result::memcpy_dtod_async(
+                    self.ptr() + dst_offset as u64,
+                    src.ptr() + src_offset as u64,
+                    width,
+                    self.rt.stream.cu_stream(),
+                )
+            }
+            .op("cuMemcpyDtoDAsync");
+        }
+        use cudarc::driver::sys;
+        let copy = sys::CUDA_MEMCPY2D_st {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src.ptr() + src_offset as u64,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: src_pitch,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: self.ptr() + dst_offset as u64,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dst_pitch,
+            WidthInBytes: width,
+            Height: rows,
+        };
+        // SAFETY: every run lies inside its buffer (checked above), both on this device;
+        // queued on the stream that orders every use of the two blocks.
+        unsafe { sys::cuMemcpy2DAsync_v2(&copy, self.rt.stream.cu_stream()) }
+            .result()
+            .op("cuMemcpy2DAsync")
     }
 
     /// A new buffer on the same device with the same contents.

@@ -1,7 +1,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use mirra_device::{Buffer, DType, Device, Element};
+use mirra_cuda::runtime::DeviceBuffer;
+use mirra_device::{Buffer, DType, Device, DeviceError, Element};
 
 use crate::dispatch::with_any;
 use crate::layout::for_each_row;
@@ -70,6 +71,9 @@ impl Tensor {
     /// A tensor with every element `value` (converted to `dtype`).
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         let shape = Shape::new(shape)?;
+        if !device.is_cpu() {
+            return Tensor::cuda_full(&shape, value, dtype, device);
+        }
         let mut buf = Buffer::alloc(dtype, shape.elem_count(), device)?;
         with_any!(dtype, T => buf.as_mut_slice::<T>()?.fill(<T as Element>::from_f64(value)));
         Tensor::from_buffer(buf, &shape)
@@ -221,9 +225,32 @@ impl Tensor {
         Ok(buf.as_mut_slice::<T>()?)
     }
 
-    /// The elements in row-major order, copied out.
+    /// The memory of a tensor on a CUDA device, for a kernel that writes it in place. Makes
+    /// the tensor contiguous and its buffer unshared first (copying on the device when
+    /// needed), as [`Tensor::data_mut`] does on the host; an error for a host tensor.
+    pub fn device_memory_mut(&mut self) -> Result<&mut DeviceBuffer> {
+        let device = self.device();
+        let not_on_device = TensorError::Device(DeviceError::NotOnDevice {
+            op: "device_memory_mut",
+            device,
+        });
+        if device.is_cpu() {
+            return Err(not_on_device);
+        }
+        let whole = self.layout.offset() == 0 && self.elem_count() == self.buffer.len();
+        if !(self.is_contiguous() && whole) || Arc::strong_count(&self.buffer) > 1 {
+            *self = self.copy()?;
+        }
+        Arc::get_mut(&mut self.buffer)
+            .and_then(Buffer::device_memory_mut)
+            .ok_or(not_on_device)
+    }
+
+    /// The elements in row-major order, copied out (from a device: after everything queued
+    /// before on its stream, as PyTorch's `tolist()`).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        Ok(self.contiguous()?.as_slice::<T>()?.to_vec())
+        let host = self.to_device(Device::Cpu)?;
+        Ok(host.contiguous()?.as_slice::<T>()?.to_vec())
     }
 
     /// The single element of a one-element tensor.

@@ -214,11 +214,11 @@ fn copies_and_casts_match_the_cpu() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn ops_without_a_cuda_path_say_so_and_mixed_devices_are_refused() {
+fn host_views_of_device_memory_and_mixed_devices_are_refused() {
     let x = random(&[4, 4], DType::F32, 30);
     let xg = x.to_device(gpu()).unwrap();
-    // Index ops have no CUDA path yet: an error naming the device, not a silent copy.
-    let e = xg.argmax(1, false).unwrap_err().to_string();
+    // A host view of device memory: an error naming the device, not a silent copy.
+    let e = xg.as_slice::<f32>().unwrap_err().to_string();
     assert!(e.contains("cuda:0"), "{e}");
     let e = xg.add(&x).unwrap_err().to_string();
     assert!(e.contains("cpu") && e.contains("cuda:0"), "{e}");
@@ -363,4 +363,113 @@ fn gather_and_scatter_add_match_the_cpu_and_refuse_bad_indices() {
             .to_string();
         assert!(e.contains("out of range 0..10"), "{e}");
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn argmax_index_select_one_hot_match_the_cpu() {
+    for dtype in FLOATS {
+        let mut x = random(&[33, 10], dtype, 80);
+        // Ties (the first wins) and a NaN (it counts as the largest) in some rows.
+        let mut v = x.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        v[3 * 10 + 2] = 9.0;
+        v[3 * 10 + 7] = 9.0;
+        v[5 * 10 + 4] = f32::NAN;
+        x = Tensor::from_slice(&v, &[33, 10], Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let xg = x.to_device(gpu()).unwrap();
+        for (axis, keep) in [(-1, false), (0, true)] {
+            let got = xg.argmax(axis, keep).unwrap();
+            assert_eq!(got.device(), gpu());
+            assert_eq!(
+                got.to_vec::<i64>().unwrap(),
+                x.argmax(axis, keep).unwrap().to_vec::<i64>().unwrap(),
+                "argmax over {axis} ({dtype})"
+            );
+        }
+        let rows = [32, 0, 5, 5, 17];
+        let got = xg.index_select(&rows).unwrap();
+        assert_close("index_select", &got, &x.index_select(&rows).unwrap(), 0.0);
+        let e = xg.index_select(&[33]).unwrap_err().to_string();
+        assert!(e.contains("out of range"), "{e}");
+    }
+    // Integer rows too (the batches of a dataset).
+    let ids = Tensor::from_slice(&[4i64, 9, 0, 3, 3, 7], &[6], Device::Cpu).unwrap();
+    let ids_g = ids.to_device(gpu()).unwrap();
+    let got = ids_g.index_select(&[5, 0, 2]).unwrap();
+    assert_eq!(got.to_vec::<i64>().unwrap(), [7, 4, 0]);
+    for dtype in FLOATS {
+        let got = ids_g.one_hot(10, dtype).unwrap();
+        assert_close("one_hot", &got, &ids.one_hot(10, dtype).unwrap(), 0.0);
+        let e = ids_g.one_hot(5, dtype).unwrap_err().to_string();
+        assert!(e.contains("out of range"), "{e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn softmax_backward_full_and_concat_match_the_cpu() {
+    for dtype in FLOATS {
+        let x = random(&[7, 33], dtype, 90);
+        let g = random(&[7, 33], dtype, 91);
+        let (xg, gg) = (x.to_device(gpu()).unwrap(), g.to_device(gpu()).unwrap());
+        for axis in [-1, 0] {
+            let (y, yg) = (x.softmax(axis).unwrap(), xg.softmax(axis).unwrap());
+            // The GPU's fused backward sums in another order than the CPU's composition.
+            let got = yg.softmax_backward(&gg, axis).unwrap();
+            let want = y.softmax_backward(&g, axis).unwrap();
+            assert_summed("softmax_backward", &got, &want, 33);
+            let (l, lg) = (x.log_softmax(axis).unwrap(), xg.log_softmax(axis).unwrap());
+            let got = lg.log_softmax_backward(&gg, axis).unwrap();
+            let want = l.log_softmax_backward(&g, axis).unwrap();
+            assert_summed("log_softmax_backward", &got, &want, 33);
+        }
+        let full = Tensor::full(&[3, 5], -2.5, dtype, gpu()).unwrap();
+        assert_eq!(full.device(), gpu());
+        let want = Tensor::full(&[3, 5], -2.5, dtype, Device::Cpu).unwrap();
+        assert_close("full", &full, &want, 0.0);
+        let a = random(&[3, 4, 2], dtype, 92);
+        let b = random(&[3, 1, 2], dtype, 93);
+        let (ag, bg) = (a.to_device(gpu()).unwrap(), b.to_device(gpu()).unwrap());
+        let got = Tensor::concat(&[&ag, &bg, &ag], 1).unwrap();
+        let want = Tensor::concat(&[&a, &b, &a], 1).unwrap();
+        assert_close("concat along 1", &got, &want, 0.0);
+        // Along 0, and of a view (read through its offset).
+        let view = ag.narrow(0, 1, 2).unwrap();
+        let got = Tensor::concat(&[&view, &ag], 0).unwrap();
+        let want = Tensor::concat(&[&a.narrow(0, 1, 2).unwrap(), &a], 0).unwrap();
+        assert_close("concat along 0", &got, &want, 0.0);
+    }
+    let ints = Tensor::full(&[4], 7.0, DType::I64, gpu()).unwrap();
+    assert_eq!(ints.to_vec::<i64>().unwrap(), [7; 4]);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn values_copied_out_of_the_device_and_the_non_finite_scan() {
+    let x = random(&[100], DType::F32, 95);
+    let mut v = x.to_vec::<f32>().unwrap();
+    let xg = x.to_device(gpu()).unwrap();
+    assert_eq!(xg.to_vec::<f32>().unwrap(), v);
+    assert_eq!(
+        xg.narrow(0, 3, 1).unwrap().to_scalar::<f32>().unwrap(),
+        v[3]
+    );
+    assert_eq!(xg.first_non_finite().unwrap(), None);
+    v[42] = f32::INFINITY;
+    let bad = Tensor::from_slice(&v, &[100], gpu()).unwrap();
+    assert_eq!(bad.first_non_finite().unwrap(), Some((42, f64::INFINITY)));
+    // In-place access unshares: a clone keeps its values.
+    let mut p = xg.clone();
+    let before = p.device_memory_mut().unwrap().ptr();
+    assert_ne!(
+        before,
+        xg.device_ptr().unwrap(),
+        "a shared buffer is copied first"
+    );
+    p.device_memory_mut().unwrap().fill_zero().unwrap();
+    assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.0; 100]);
+    assert_eq!(xg.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
 }

@@ -11,11 +11,10 @@
 
 use std::sync::Arc;
 
-use mirra_cuda::cudarc::driver::PushKernelArg;
 use mirra_cuda::kernels::{BinaryKernel, Broadcast, ReduceKernel, UnaryKernel};
 use mirra_cuda::runtime::{DeviceBuffer, Gemm, GemmType, Runtime};
 use mirra_cuda::CudaError;
-use mirra_device::{Buffer, DType, DeviceError};
+use mirra_device::{Buffer, DType, Device, DeviceError};
 
 use crate::{Result, Shape, Tensor, TensorError, MAX_RANK};
 
@@ -101,25 +100,12 @@ fn broadcast(shape: &Shape, a: &Tensor, b: Option<&Tensor>) -> Broadcast {
     s
 }
 
-/// A launch of kernel `name` on `rt`'s stream: a grid-stride launch over `n` elements, or
-/// with `per_line`, one block per line of `n` lines; `push` adds its arguments.
+/// A launch of one of mirra's kernels ([`mirra_cuda::launch!`]), its error as a
+/// [`TensorError`].
 macro_rules! launch {
-    ($rt:expr, $name:expr, $n:expr, |$l:ident| $push:block) => {
-        launch!($rt, $name, grid $n, |$l| $push)
+    ($($t:tt)*) => {
+        mirra_cuda::launch!($($t)*).map_err(cuda)
     };
-    ($rt:expr, $name:expr, $how:ident $n:expr, |$l:ident| $push:block) => {{
-        let rt: &Runtime = &$rt;
-        let kernels = rt.kernels().map_err(cuda)?;
-        let f = kernels.function(&$name).map_err(cuda)?;
-        let cfg = kernels.$how($n);
-        let mut $l = rt.stream().launch_builder(&f);
-        $push
-        // SAFETY: every caller passes the kernel's parameters in its order and types
-        // (kernels/*.cu), pointers to device buffers of the sizes the kernel indexes.
-        unsafe { $l.launch(cfg) }
-            .map(|_| ())
-            .map_err(|source| cuda(CudaError::Driver { op: "cuLaunchKernel", source }))
-    }};
 }
 
 /// `op` applied to every element of `x` (a float tensor on a CUDA device).
@@ -410,8 +396,8 @@ pub(crate) fn matmul(
 
 /// `index` as i64 on `device` (a host index tensor of any integer dtype is converted and
 /// uploaded; one on the device must be i64 already).
-fn device_index(op: &'static str, index: &Tensor, x: &Tensor) -> Result<Tensor> {
-    if index.device() == x.device() && index.dtype() == DType::I64 {
+fn device_index(op: &'static str, index: &Tensor, device: Device) -> Result<Tensor> {
+    if index.device() == device && index.dtype() == DType::I64 {
         return index.contiguous();
     }
     if !index.device().is_cpu() {
@@ -425,12 +411,12 @@ fn device_index(op: &'static str, index: &Tensor, x: &Tensor) -> Result<Tensor> 
         DType::I32 | DType::U8 => index.to_dtype(DType::I64)?,
         dtype => return Err(TensorError::UnsupportedDType { op, dtype }),
     };
-    host.to_device(x.device())
+    host.to_device(device)
 }
 
 /// Reads the kernel's bad-index flag: an error when an index was outside `0..n`.
 fn check_flag(op: &'static str, flag: &Buffer, n: usize, shape: &Shape) -> Result<()> {
-    let bad = flag.to_device(mirra_device::Device::Cpu)?;
+    let bad = flag.to_device(Device::Cpu)?;
     if bad.as_slice::<i32>()?[0] != 0 {
         return Err(TensorError::Invalid {
             op,
@@ -447,7 +433,7 @@ pub(crate) fn gather(x: &Tensor, ax: usize, index: &Tensor) -> Result<Tensor> {
     let op = "gather";
     let sfx = float_suffix(op, x.dtype())?;
     let x = x.contiguous()?;
-    let index = device_index(op, index, &x)?;
+    let index = device_index(op, index, x.device())?;
     let rt = runtime(op, &x)?;
     let (outer, n, inner) = split3(x.dims(), ax);
     let k = index.dims()[ax];
@@ -480,7 +466,7 @@ pub(crate) fn scatter_add(g: &Tensor, ax: usize, index: &Tensor, target: Tensor)
     let op = "scatter_add";
     let sfx = float_suffix(op, g.dtype())?;
     let g = g.contiguous()?;
-    let index = device_index(op, index, &g)?;
+    let index = device_index(op, index, g.device())?;
     let rt = runtime(op, &g)?;
     let (outer, n, inner) = split3(target.dims(), ax);
     let k = index.dims()[ax];
@@ -513,4 +499,192 @@ fn split3(dims: &[usize], ax: usize) -> (usize, usize, usize) {
         dims[ax],
         dims[ax + 1..].iter().product(),
     )
+}
+
+/// The index of the largest element along the middle axis of `x` viewed as `[outer, n,
+/// inner]`, as i64 of shape `x`'s with that axis 1 (float `x`).
+pub(crate) fn argmax(x: &Tensor, ax: usize) -> Result<Tensor> {
+    let op = "argmax";
+    let sfx = float_suffix(op, x.dtype())?;
+    let x = x.contiguous()?;
+    let rt = runtime(op, &x)?;
+    let (outer, n, inner) = split3(x.dims(), ax);
+    let out = Buffer::alloc(DType::I64, outer * inner, x.device())?;
+    let (xp, yp) = (address(op, &x)?, buffer_address(&out));
+    let (o, nn, i) = (outer as u64, n as u64, inner as u64);
+    launch!(rt, format!("argmax_{sfx}"), outer * inner, |l| {
+        l.arg(&xp).arg(&yp).arg(&o).arg(&nn).arg(&i);
+    })?;
+    let mut dims = x.dims().to_vec();
+    dims[ax] = 1;
+    Tensor::from_buffer(out, &dims)
+}
+
+/// The entries `rows` (each checked `< x.dims()[0]` by the caller) of dimension 0 of `x`,
+/// any dtype.
+pub(crate) fn index_select(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    let op = "index_select";
+    let x = x.contiguous()?;
+    let rt = runtime(op, &x)?;
+    let n = x.dims()[0];
+    let row = x.elem_count() / n.max(1);
+    let index: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+    let index = Tensor::from_vec(index, &[rows.len()], x.device())?;
+    let out = Buffer::alloc(x.dtype(), rows.len() * row, x.device())?;
+    let flag = Buffer::zeros(DType::I32, 1, x.device())?;
+    let (xp, ip, yp, fp) = (
+        address(op, &x)?,
+        address(op, &index)?,
+        buffer_address(&out),
+        buffer_address(&flag),
+    );
+    let (count, rw, nn) = (rows.len() as u64, row as u64, n as u64);
+    let name = format!("index_select_{}", suffix(x.dtype()));
+    launch!(rt, name, rows.len() * row, |l| {
+        l.arg(&xp)
+            .arg(&ip)
+            .arg(&yp)
+            .arg(&count)
+            .arg(&rw)
+            .arg(&nn)
+            .arg(&fp);
+    })?;
+    check_flag(op, &flag, n, x.shape())?;
+    let mut dims = x.dims().to_vec();
+    dims[0] = rows.len();
+    Tensor::from_buffer(out, &dims)
+}
+
+/// One-hot rows of `depth` (a new last dimension, float `dtype`) for the class ids of `x`
+/// (an i64 tensor on the device, or host integers, uploaded).
+pub(crate) fn one_hot(x: &Tensor, depth: usize, dtype: DType, device: Device) -> Result<Tensor> {
+    let op = "one_hot";
+    let sfx = float_suffix(op, dtype)?;
+    let out = Buffer::zeros(dtype, x.elem_count() * depth, device)?;
+    let index = device_index(op, x, device)?;
+    let rt = runtime(op, &index)?;
+    let flag = Buffer::zeros(DType::I32, 1, device)?;
+    let (ip, yp, fp) = (
+        address(op, &index)?,
+        buffer_address(&out),
+        buffer_address(&flag),
+    );
+    let (count, d) = (x.elem_count() as u64, depth as u64);
+    launch!(rt, format!("one_hot_{sfx}"), x.elem_count(), |l| {
+        l.arg(&ip).arg(&yp).arg(&count).arg(&d).arg(&fp);
+    })?;
+    check_flag(op, &flag, depth, x.shape())?;
+    let mut dims = x.dims().to_vec();
+    dims.push(depth);
+    Tensor::from_buffer(out, &dims)
+}
+
+/// The gradient of softmax's (log-softmax's with `log`) input from its output `y` and the
+/// output's gradient `g` along the middle axis of `[outer, n, inner]`: one fused pass per
+/// line instead of the four ops the CPU composes.
+pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, ax: usize, log: bool) -> Result<Tensor> {
+    let op = if log {
+        "log_softmax_backward"
+    } else {
+        "softmax_backward"
+    };
+    let sfx = float_suffix(op, y.dtype())?;
+    same_device(op, y, g)?;
+    let (y, g) = (y.contiguous()?, g.contiguous()?);
+    let rt = runtime(op, &y)?;
+    let (outer, n, inner) = split3(y.dims(), ax);
+    let out = Buffer::alloc(y.dtype(), y.elem_count(), y.device())?;
+    let (yp, gp, dp) = (address(op, &y)?, address(op, &g)?, buffer_address(&out));
+    let (o, nn, i, log) = (outer as u64, n as u64, inner as u64, i32::from(log));
+    launch!(rt, format!("softmax_backward_{sfx}"), per_line outer * inner, |l| {
+        l.arg(&yp).arg(&gp).arg(&dp).arg(&o).arg(&nn).arg(&i).arg(&log);
+    })?;
+    Tensor::from_buffer(out, y.dims())
+}
+
+/// A tensor of `shape` on a CUDA device with every element `value`: a fill kernel for
+/// floats, a host tensor uploaded for integers.
+pub(crate) fn full(shape: &Shape, value: f64, dtype: DType, device: Device) -> Result<Tensor> {
+    if !dtype.is_float() {
+        return Tensor::full(shape, value, dtype, Device::Cpu)?.to_device(device);
+    }
+    let out = Buffer::alloc(dtype, shape.elem_count(), device)?;
+    let Some(memory) = out.device_memory() else {
+        return Err(TensorError::Device(DeviceError::NotOnDevice {
+            op: "full",
+            device,
+        }));
+    };
+    let rt = memory.runtime().clone();
+    let (yp, n) = (buffer_address(&out), shape.elem_count() as u64);
+    launch!(
+        rt,
+        format!("fill_{}", suffix(dtype)),
+        shape.elem_count(),
+        |l| {
+            l.arg(&yp).arg(&n).arg(&value);
+        }
+    )?;
+    Tensor::from_buffer(out, shape)
+}
+
+/// `parts` (checked by the caller: one dtype, dims equal but along `ax`) joined along `ax`
+/// into a tensor of `shape`: each part's `[outer, len * inner]` rows copied into place.
+pub(crate) fn concat(parts: &[&Tensor], ax: usize, shape: &Shape) -> Result<Tensor> {
+    let op = "concat";
+    let first = parts[0];
+    let size = first.dtype().size_in_bytes();
+    let (outer, total, inner) = split3(&shape[..], ax);
+    let mut out = Buffer::alloc(first.dtype(), shape.elem_count(), first.device())?;
+    let mut col = 0;
+    for part in parts {
+        same_device(op, first, part)?;
+        let part = part.contiguous()?;
+        let len = part.dims()[ax];
+        let src = device_memory(op, &part)?;
+        let dst = out
+            .device_memory_mut()
+            .ok_or(TensorError::Device(DeviceError::NotOnDevice {
+                op,
+                device: first.device(),
+            }))?;
+        let width = len * inner * size;
+        dst.copy_rows_from(
+            col * inner * size,
+            total * inner * size,
+            src,
+            part.layout().offset() * size,
+            width,
+            width,
+            outer,
+        )
+        .map_err(cuda)?;
+        col += len;
+    }
+    Tensor::from_buffer(out, shape)
+}
+
+impl Tensor {
+    /// A tensor of `shape` on a CUDA device, every element `value` (see [`full`]).
+    pub(crate) fn cuda_full(
+        shape: &Shape,
+        value: f64,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        full(shape, value, dtype, device)
+    }
+
+    /// The device address of this tensor's first element, for a kernel that reads it: an
+    /// error for a host tensor or a strided view (call [`Tensor::contiguous`] first).
+    pub fn device_ptr(&self) -> Result<u64> {
+        if !self.is_contiguous() {
+            return Err(TensorError::Invalid {
+                op: "device_ptr",
+                msg: "tensor is a strided view; call contiguous() first".into(),
+                shape: *self.shape(),
+            });
+        }
+        address("device_ptr", self)
+    }
 }

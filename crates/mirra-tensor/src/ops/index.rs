@@ -119,15 +119,18 @@ impl Tensor {
             });
         }
         let n = self.dims()[0];
+        if let Some(&r) = rows.iter().find(|&&r| r >= n) {
+            return Err(out_of_range("index_select", r as i64, n, self.shape()));
+        }
+        if !self.device().is_cpu() {
+            return super::cuda::index_select(self, rows);
+        }
         let row = self.elem_count() / n.max(1);
         let x = self.contiguous()?;
         let mut out = Buffer::alloc(self.dtype(), rows.len() * row, self.device())?;
         with_any!(self.dtype(), T => {
             let (src, dst) = (x.as_slice::<T>()?, out.as_mut_slice::<T>()?);
             for (d, &r) in dst.chunks_exact_mut(row.max(1)).zip(rows) {
-                if r >= n {
-                    return Err(out_of_range("index_select", r as i64, n, self.shape()));
-                }
                 d.copy_from_slice(&src[r * row..(r + 1) * row]);
             }
         });
@@ -138,6 +141,9 @@ impl Tensor {
 
     /// One-hot encoding of integer class ids into a new last dimension of `depth`.
     pub fn one_hot(&self, depth: usize, dtype: DType) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            return super::cuda::one_hot(self, depth, dtype, self.device());
+        }
         let idx = indices("one_hot", self)?;
         let mut out = Buffer::zeros(dtype, idx.len() * depth, self.device())?;
         with_float!("one_hot", dtype, T => {

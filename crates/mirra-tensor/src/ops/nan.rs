@@ -41,8 +41,11 @@ impl Tensor {
     ///
     /// One vectorised pass over the data: cheap enough to run over every weight after
     /// every training step.
+    ///
+    /// A tensor on a device is copied to the host first (training scans the weights once
+    /// per epoch and after a non-finite loss, not per step).
     pub fn first_non_finite(&self) -> Result<Option<(usize, f64)>> {
-        let x = self.contiguous()?;
+        let x = self.to_device(mirra_device::Device::Cpu)?.contiguous()?;
         with_float!("first_non_finite", x.dtype(), T => {
             let data = x.as_slice::<T>()?;
             Ok(vectorize(|| first_non_finite::<T>(data)))

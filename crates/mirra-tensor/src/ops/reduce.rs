@@ -90,6 +90,15 @@ impl Tensor {
                 shape: *self.shape(),
             });
         }
+        if !self.device().is_cpu() {
+            let t = cuda::argmax(self, ax)?;
+            if keepdim {
+                return Ok(t);
+            }
+            let mut dims = self.dims().to_vec();
+            dims.remove(ax);
+            return t.reshape(&dims);
+        }
         let last = self.rank() as isize - 1;
         let moved = self.transpose(ax as isize, last)?.contiguous()?;
         let rows = self.elem_count() / n;

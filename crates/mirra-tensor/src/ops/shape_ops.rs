@@ -177,6 +177,9 @@ impl Tensor {
             total += t.dims()[ax];
         }
         let shape = first.shape().with_dim(ax, total);
+        if !first.device().is_cpu() {
+            return super::cuda::concat(tensors, ax, &shape);
+        }
         let outer: usize = first.dims()[..ax].iter().product();
         let inner: usize = first.dims()[ax + 1..].iter().product();
         let mut out = Buffer::alloc(first.dtype(), shape.elem_count(), first.device())?;

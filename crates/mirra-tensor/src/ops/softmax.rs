@@ -30,6 +30,11 @@ impl Tensor {
     /// The gradient of softmax's input from its output `y = self` and the gradient of the
     /// output `grad`: `y * (grad - sum(grad * y))` along `axis`.
     pub fn softmax_backward(&self, grad: &Tensor, axis: isize) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            let ax = self.shape().axis("softmax_backward", axis)?;
+            self.check_same_shape("softmax_backward", grad)?;
+            return cuda::softmax_backward(self, grad, ax, false);
+        }
         let s = grad.mul(self)?.sum(&[axis], true)?;
         self.mul(&grad.sub(&s)?)
     }
@@ -37,8 +42,26 @@ impl Tensor {
     /// The gradient of log-softmax's input from its output `y = self` and the gradient of
     /// the output `grad`: `grad - exp(y) * sum(grad)` along `axis`.
     pub fn log_softmax_backward(&self, grad: &Tensor, axis: isize) -> Result<Tensor> {
+        if !self.device().is_cpu() {
+            let ax = self.shape().axis("log_softmax_backward", axis)?;
+            self.check_same_shape("log_softmax_backward", grad)?;
+            return cuda::softmax_backward(self, grad, ax, true);
+        }
         let s = grad.sum(&[axis], true)?;
         grad.sub(&self.exp()?.mul(&s)?)
+    }
+
+    /// An error unless `other` has this tensor's shape (the fused backward kernels do not
+    /// broadcast).
+    fn check_same_shape(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if self.shape() == other.shape() {
+            return Ok(());
+        }
+        Err(TensorError::ShapeMismatch {
+            op,
+            lhs: *self.shape(),
+            rhs: *other.shape(),
+        })
     }
 
     fn softmax_like(&self, op: &'static str, kind: Kind, axis: isize) -> Result<Tensor> {
