@@ -9,6 +9,7 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+use crate::cuda::{cuda_error, DeviceUpdate};
 use crate::hyperparams::{check_non_negative, check_positive, check_unit_open};
 #[cfg(test)]
 use crate::optimizer::Optimizer;
@@ -237,6 +238,27 @@ impl Rule for Adam {
         kernel::<T>(p, g, m, v, vhat, c.to_acc());
         Ok(())
     }
+
+    fn update_on_device(
+        u: &mut DeviceUpdate<'_>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        let (m, v, vhat) = (u.next_slot()?, u.next_slot()?, u.next_slot()?);
+        mirra_cuda::launch!(u.rt, u.kernel("adam"), u.len(), |l| {
+            l.arg(&u.p)
+                .arg(&u.g)
+                .arg(&m)
+                .arg(&v)
+                .arg(&vhat)
+                .arg(&u.n)
+                .arg(&c.alpha)
+                .arg(&c.one_minus_beta1)
+                .arg(&c.one_minus_beta2)
+                .arg(&c.epsilon)
+                .arg(&c.decay);
+        })
+        .map_err(cuda_error)
+    }
 }
 
 /// AdamW (Loshchilov & Hutter, 2019): [`Adam`] with decoupled weight decay on by default;
@@ -345,6 +367,13 @@ impl Rule for AdamW {
         c: Coeffs<f64>,
     ) -> std::result::Result<(), TensorError> {
         Adam::update(p, g, slots, c)
+    }
+
+    fn update_on_device(
+        u: &mut DeviceUpdate<'_>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        Adam::update_on_device(u, c)
     }
 }
 

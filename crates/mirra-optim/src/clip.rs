@@ -7,6 +7,7 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+use crate::cuda;
 use crate::optimizer::{at, cast, with_float};
 use crate::{OptimError, Result};
 
@@ -25,8 +26,10 @@ pub fn global_norm(tensors: &[Tensor]) -> Result<f64> {
 fn global_norm_as(op: &'static str, tensors: &[Tensor]) -> Result<f64> {
     let mut sum = 0.0;
     for (i, t) in tensors.iter().enumerate() {
-        sum += with_float!(op, i, t.dtype(), T => {
+        sum += with_float!(op, i, t.dtype(), T => if t.device().is_cpu() {
             sum_of_squares::<T>(t).map_err(at(op, i))
+        } else {
+            cuda::sum_of_squares(t).map_err(at(op, i))
         })?;
     }
     Ok(sum.sqrt())
@@ -74,7 +77,11 @@ pub fn clip_by_global_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
         f64::NAN
     };
     for (i, g) in grads.iter_mut().enumerate() {
-        with_float!(CLIP, i, g.dtype(), T => scale_in_place::<T>(g, scale).map_err(at(CLIP, i)))?;
+        with_float!(CLIP, i, g.dtype(), T => if g.device().is_cpu() {
+            scale_in_place::<T>(g, scale).map_err(at(CLIP, i))
+        } else {
+            cuda::scale_in_place(g, scale).map_err(at(CLIP, i))
+        })?;
     }
     Ok(norm)
 }

@@ -50,6 +50,7 @@
 
 mod adam;
 mod clip;
+mod cuda;
 mod error;
 mod hyperparams;
 mod optimizer;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use mirra_tensor::{DType, Device, Element, FloatElement, Tensor, TensorError};
 
+use crate::cuda::DeviceUpdate;
 use crate::schedule::{Constant, LearningRateSchedule};
 use crate::{OptimError, Result};
 
@@ -109,6 +110,14 @@ pub(crate) trait Rule: Clone + Send + fmt::Debug + 'static {
         slots: &mut std::slice::IterMut<'_, Tensor>,
         c: Self::Coeffs,
     ) -> std::result::Result<(), TensorError>;
+
+    /// Updates one parameter on a CUDA device with the rule's fused kernel
+    /// (`mirra-cuda/kernels/optim.cu`), the same formula as [`Rule::update`]; the slots are
+    /// taken with [`DeviceUpdate::next_slot`] in [`Rule::slot_names`] order.
+    fn update_on_device(
+        u: &mut DeviceUpdate<'_>,
+        c: Self::Coeffs,
+    ) -> std::result::Result<(), TensorError>;
 }
 
 impl<R: Rule> Optimizer for R {
@@ -121,9 +130,22 @@ impl<R: Rule> Optimizer for R {
         let name = core.name;
         for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
             let slots = core.slots_mut(i);
-            with_float!(name, i, p.dtype(), T => {
-                update_param::<R, T>(p, g, slots, coeffs).map_err(at(name, i))
-            })?;
+            if p.device().is_cpu() {
+                with_float!(name, i, p.dtype(), T => {
+                    update_param::<R, T>(p, g, slots, coeffs).map_err(at(name, i))
+                })?;
+            } else {
+                if !p.dtype().is_float() {
+                    return Err(OptimError::UnsupportedDType {
+                        op: name,
+                        index: i,
+                        dtype: p.dtype(),
+                    });
+                }
+                DeviceUpdate::new(p, g, slots)
+                    .and_then(|mut u| R::update_on_device(&mut u, coeffs))
+                    .map_err(at(name, i))?;
+            }
         }
         core.end_step();
         Ok(())
@@ -301,10 +323,17 @@ impl Core {
                 }
             }
         }
+        // State loaded elsewhere (a checkpoint read on the host, a run on another device)
+        // moves to its parameter's device, and converts to its state dtype there.
         for (i, (p, slots)) in params.iter().zip(&mut self.slots).enumerate() {
             let want = state_dtype(p.dtype());
-            for t in slots.iter_mut().filter(|t| t.dtype() != want) {
-                *t = t.to_dtype(want).map_err(at(op, i))?;
+            for t in slots.iter_mut() {
+                if t.device() != p.device() {
+                    *t = t.to_device(p.device()).map_err(at(op, i))?;
+                }
+                if t.dtype() != want {
+                    *t = t.to_dtype(want).map_err(at(op, i))?;
+                }
             }
         }
         Ok(())

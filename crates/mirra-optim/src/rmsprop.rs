@@ -7,6 +7,7 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+use crate::cuda::{cuda_error, DeviceUpdate};
 use crate::hyperparams::{check_non_negative, check_positive, check_unit, check_unit_open};
 #[cfg(test)]
 use crate::optimizer::Optimizer;
@@ -245,6 +246,31 @@ impl Rule for RmsProp {
             (false, true) => update_variant::<T, false, true>(p, g, s, c),
             (true, true) => update_variant::<T, true, true>(p, g, s, c),
         }
+    }
+
+    /// The kernel takes a null address for a slot the configuration does not keep.
+    fn update_on_device(
+        u: &mut DeviceUpdate<'_>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        let v = u.next_slot()?;
+        let a = if c.centered { u.next_slot()? } else { 0 };
+        let b = if c.momentum > 0.0 { u.next_slot()? } else { 0 };
+        mirra_cuda::launch!(u.rt, u.kernel("rmsprop"), u.len(), |l| {
+            l.arg(&u.p)
+                .arg(&u.g)
+                .arg(&v)
+                .arg(&a)
+                .arg(&b)
+                .arg(&u.n)
+                .arg(&c.lr)
+                .arg(&c.rho)
+                .arg(&c.one_minus_rho)
+                .arg(&c.epsilon)
+                .arg(&c.momentum)
+                .arg(&c.decay);
+        })
+        .map_err(cuda_error)
     }
 }
 

@@ -8,6 +8,7 @@
 
 use mirra_tensor::{FloatElement, Tensor, TensorError};
 
+use crate::cuda::{cuda_error, DeviceUpdate};
 use crate::hyperparams::{check_non_negative, check_unit};
 #[cfg(test)]
 use crate::optimizer::Optimizer;
@@ -173,6 +174,25 @@ impl Rule for Sgd {
         let m = next_slot::<T::Acc>(slots)?;
         kernel::<T>(p, g, m, c.to_acc());
         Ok(())
+    }
+
+    fn update_on_device(
+        u: &mut DeviceUpdate<'_>,
+        c: Coeffs<f64>,
+    ) -> std::result::Result<(), TensorError> {
+        let m = u.next_slot()?;
+        let nesterov = i32::from(c.nesterov);
+        mirra_cuda::launch!(u.rt, u.kernel("sgd"), u.len(), |l| {
+            l.arg(&u.p)
+                .arg(&u.g)
+                .arg(&m)
+                .arg(&u.n)
+                .arg(&c.lr)
+                .arg(&c.mu)
+                .arg(&c.decay)
+                .arg(&nesterov);
+        })
+        .map_err(cuda_error)
     }
 }
 
