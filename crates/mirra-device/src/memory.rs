@@ -1,4 +1,7 @@
-//! This process's peak resident memory, as the kernel counts it for its address space.
+//! This process's peak memory: resident host memory, as the kernel counts it for its
+//! address space, and device memory, as a device's caching allocator counts it.
+
+use crate::Device;
 
 /// The most resident memory this process's address space has held, in MiB (Linux's
 /// `VmHWM`, from `/proc/self/status`); `None` where the system does not report it.
@@ -10,6 +13,19 @@
 pub fn peak_resident_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     parse_vm_hwm(&status)
+}
+
+/// The most memory tensors have held at once on `device` since the process started (or
+/// since the allocator's peak was last reset), in MiB: the caching allocator's peak of
+/// blocks in use (PyTorch's `max_memory_allocated`; memory cached but free is not
+/// counted, nor cuBLAS's workspace). `None` for the host or a device that cannot be
+/// opened.
+pub fn peak_device_mib(device: Device) -> Option<f64> {
+    let Device::Cuda(d) = device else {
+        return None;
+    };
+    let rt = mirra_cuda::runtime::runtime(d.ordinal()).ok()?;
+    Some(rt.memory_stats().peak_in_use as f64 / (1 << 20) as f64)
 }
 
 fn parse_vm_hwm(status: &str) -> Option<f64> {

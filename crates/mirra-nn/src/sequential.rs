@@ -21,6 +21,8 @@ pub struct Sequential {
     input: Vec<usize>,
     output: Vec<usize>,
     dtype: DType,
+    /// Where the parameters live (the host until [`Sequential::to_device`]).
+    device: Device,
     built: bool,
     /// The variable scope ([`crate::scope`]) the parameters were created in.
     scope: Option<u64>,
@@ -47,6 +49,7 @@ impl Sequential {
             input: vec![],
             output: vec![],
             dtype: DType::F32,
+            device: Device::Cpu,
             built: false,
             scope: None,
         }
@@ -58,7 +61,9 @@ impl Sequential {
         self.build_with(input, DType::F32, &mut rng(seed))
     }
 
-    /// Create the parameters in `dtype` from a caller's generator.
+    /// Create the parameters in `dtype` from a caller's generator, on the model's device
+    /// (drawn on the host and copied there, so a model starts from the same weights on
+    /// every device).
     pub fn build_with(&mut self, input: &[usize], dtype: DType, rng: &mut Rng) -> Result<()> {
         let mut counts = std::collections::HashMap::<&str, usize>::new();
         let (mut names, mut params, mut ranges) = (vec![], vec![], vec![]);
@@ -86,9 +91,30 @@ impl Sequential {
             ranges.push(start..params.len());
             shape = out;
         }
+        let params = params
+            .into_iter()
+            .map(|p| p.to_device(self.device))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         (self.names, self.params, self.ranges) = (names, params, ranges);
         (self.input, self.output, self.dtype, self.built) = (input.to_vec(), shape, dtype, true);
         self.scope = crate::scope::current();
+        Ok(())
+    }
+
+    /// The device the parameters live on, and that inputs are copied to.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Move the parameters to `device` (a copy of each; built or not, later parameters are
+    /// created there). Inputs given on the host are copied to it at every forward pass.
+    pub fn to_device(&mut self, device: Device) -> Result<()> {
+        let params = self
+            .params
+            .iter()
+            .map(|p| p.to_device(device))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        (self.params, self.device) = (params, device);
         Ok(())
     }
 
@@ -129,7 +155,7 @@ impl Sequential {
     }
 
     /// Replace every parameter (shapes and dtypes must match), e.g. from a checkpoint or
-    /// another replica.
+    /// another replica; a tensor on another device is copied to the model's.
     pub fn set_params(&mut self, params: Vec<Tensor>) -> Result<()> {
         if params.len() != self.params.len() {
             return Err(NnError::InputMismatch {
@@ -147,7 +173,10 @@ impl Sequential {
                 });
             }
         }
-        self.params = params;
+        self.params = params
+            .into_iter()
+            .map(|p| p.to_device(self.device))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(())
     }
 
@@ -194,11 +223,9 @@ impl Sequential {
                 got: format!("{}", x.shape()),
             });
         }
-        let x = if x.dtype() == self.dtype {
-            x
-        } else {
-            x.to_dtype(self.dtype)?
-        };
+        // Converted where it is, then copied: a host batch of bytes becomes floats on the
+        // host, and crosses to the device once.
+        let x = x.to_dtype(self.dtype)?.to_device(self.device)?;
         let params: Vec<Var<'t>> = self
             .params
             .iter()

@@ -11,7 +11,7 @@ use mirra_nn::{Loss, Mean, Metric, Reduction, Sequential};
 use mirra_optim::Optimizer;
 use mirra_strategy::MirroredStrategy;
 use mirra_tensor::init::{rng, Rng};
-use mirra_tensor::{DType, Tensor};
+use mirra_tensor::{DType, Device, Tensor};
 
 use crate::replicas::{CommStats, Mirrors, Primary};
 use crate::rng_state::RngState;
@@ -162,6 +162,13 @@ impl Model {
         metrics: Vec<Box<dyn Metric>>,
         seed: u64,
     ) -> Result<Model> {
+        if !net.device().is_cpu() {
+            let device = net.device();
+            return Err(TrainError::Invalid(format!(
+                "the network is on {device}: a model under a distribution strategy trains \
+                 its replicas on the host ({device} replicas are not supported yet)"
+            )));
+        }
         let (net, mirrors) = Mirrors::new(strategy, net, optimizer.as_ref(), seed)?;
         let mut model = Model::compile(net, optimizer, loss, metrics, seed);
         model.mirrors = Some(mirrors);
@@ -242,6 +249,26 @@ impl Model {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The device the model's weights live on and its steps run on.
+    pub fn device(&self) -> Device {
+        self.net.device()
+    }
+
+    /// Move the model to `device` (PyTorch's `model.to(device)`): its weights now, its
+    /// optimizer's state at the next step. Batches are copied to the device as they come,
+    /// and a checkpoint holds host bytes, so a run resumes on any device. A model under a
+    /// distribution strategy stays on the host (its replicas are host threads).
+    pub fn to_device(&mut self, device: Device) -> Result<()> {
+        if self.mirrors.is_some() && !device.is_cpu() {
+            return Err(TrainError::Invalid(format!(
+                "a model under a distribution strategy trains its replicas on the host; \
+                 {device} replicas are not supported yet"
+            )));
+        }
+        self.net.to_device(device)?;
         Ok(())
     }
 
@@ -390,6 +417,7 @@ impl Model {
 
     /// One step of gradient descent on a batch: forward, backward, update.
     pub fn train_step(&mut self, x: Tensor, y: &Tensor) -> Result<StepOutput> {
+        let y = &y.to_device(self.device())?;
         if let Some(m) = &mut self.mirrors {
             let primary = Primary {
                 net: &mut self.net,
@@ -578,6 +606,7 @@ impl Model {
         let mut examples = 0usize;
         for batch in data.iter_epoch(0)? {
             let (x, y) = split_batch(batch?)?;
+            let y = y.to_device(self.device())?;
             let n = x.dims().first().copied().unwrap_or(0);
             let out = self.net.forward_inference(&tape, x)?;
             let loss = self.loss.compute(&out, &y, Reduction::SumOverBatchSize)?;

@@ -102,7 +102,7 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
             },
             Allow,
         ),
-        setting("device", "device", "cpu".into(), Allow),
+        setting("device", "--device", args.device.clone(), Allow),
     ]
 }
 

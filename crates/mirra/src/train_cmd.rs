@@ -1,6 +1,7 @@
 //! `mirra train`: the reference recipe on MNIST.
 
 use mirra::data::Mnist;
+use mirra::device::Device;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use std::sync::Arc;
 
@@ -21,16 +22,18 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             mirra::models::MODEL_NAMES.join(", ")
         )));
     };
-    if let Some(ordinal) = args.device.strip_prefix("cuda:") {
-        let ordinal: usize = ordinal.parse().unwrap_or(usize::MAX);
-        // No driver or no such device: one line saying so.
-        let device = mirra::device::Device::cuda(ordinal)
-            .map_err(|e| Failure::Usage(format!("--device: {e}")))?;
-        // The device exists, but the tensor ops do not run there yet (issue 14: the CUDA
-        // kernels and buffers exist; the ops' dispatch to them does not).
+    let device = match args.device.strip_prefix("cuda:") {
+        None => Device::Cpu,
+        Some(ordinal) => {
+            let ordinal: usize = ordinal.parse().unwrap_or(usize::MAX);
+            // No driver or no such device: one line saying so.
+            Device::cuda(ordinal).map_err(|e| Failure::Usage(format!("--device: {e}")))?
+        }
+    };
+    if let (Some(replicas), false) = (args.replicas, device.is_cpu()) {
         return Err(Failure::Usage(format!(
-            "--device {device}: training on a CUDA device is not available in this build yet \
-             (the tensor ops run on the CPU only); use --device cpu"
+            "--replicas {replicas} with --device {device}: replicas train on the host's \
+             threads; replicas on CUDA devices are not supported yet"
         )));
     }
     if let Some(replicas) = args.replicas.filter(|&r| r > args.batch_size) {
@@ -99,6 +102,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         None => net.build(&[28, 28], args.seed),
     }
     .map_err(|e| run_err(&e))?;
+    net.to_device(device).map_err(|e| run_err(&e))?;
     let placement = match &strategy {
         Some(s) => format!(
             "{} replicas in sync, collective {}, {} threads each, {} per replica",
@@ -107,6 +111,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             s.threads_per_replica(),
             args.batch_size.div_ceil(s.num_replicas_in_sync()),
         ),
+        None if !device.is_cpu() => format!("one device, {device}"),
         None => format!("one device, {} threads", mirra::tensor::num_threads()),
     };
     print_line(&format!(
@@ -174,7 +179,13 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     }
     let history = fitted.map_err(|e| run_err(&e))?;
     if let Some(mib) = mirra::device::memory::peak_resident_mib() {
-        print_line(&format!("Peak memory: host {mib:.1} MiB (resident)"));
+        let on_device = match mirra::device::memory::peak_device_mib(device) {
+            Some(d) => format!(", {device} {d:.1} MiB (tensors' peak)"),
+            None => String::new(),
+        };
+        print_line(&format!(
+            "Peak memory: host {mib:.1} MiB (resident){on_device}"
+        ));
     }
     if stdout_closed() {
         let done = history.epochs.last().map_or(initial_epoch, |e| e + 1);
