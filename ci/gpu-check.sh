@@ -5,7 +5,8 @@
 #   1. the GPU probe (`xtask gpu-probe`): libraries, context, a 1 GiB round trip, cuBLAS,
 #      an NVRTC kernel, NCCL;
 #   2. every GPU test: the bundled test binaries with --ignored;
-#   3. PyTorch measuring what the probe measured, beside it;
+#   3. `mirra train` on the GPU and on the CPU (3 epochs of the bundled MNIST);
+#   4. PyTorch measuring what the probe measured and training the same MLP, beside it;
 # then one table (markdown, for the session's note). Logs are written as the steps run, to
 # $OUT when the device tool sets it (it brings them back), else to ./logs beside this script.
 # Exit status: 0 every step passed, 1 something failed, 3 no GPU here (nothing ran on one).
@@ -68,7 +69,7 @@ probe_rc=${PIPESTATUS[0]}
 table() {
   if command -v python3 >/dev/null 2>&1; then
     python3 "$here/gpu/table.py" --probe "$logs/probe.json" --torch "$logs/torch.json" \
-      --results "$results" 2>&1 | tee "$logs/table.md"
+      --results "$results" --train "$logs/train-cuda0.json" 2>&1 | tee "$logs/table.md"
   else
     cat "$results"
   fi
@@ -95,6 +96,21 @@ for t in "$here"/tests/*; do
   summary=$(grep -E '^test result:' "$logs/test-$name.log" | tail -1)
   if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
   printf 'test\t%s\t%s\t%s\n' "$name" "$status" "${summary:-exit status $rc}" >>"$results"
+done
+
+# The program a user runs: `mirra train` on the GPU, then on this machine's CPU, 3 epochs of
+# the bundled MNIST at batch 256 (the PyTorch reference trains the same MLP the same way).
+for dev in cuda:0 cpu; do
+  tag=${dev/:/}
+  say "mirra train --device $dev"
+  timeout 300 "$here/mirra" train --device "$dev" --epochs 3 --batch-size 256 \
+    --history "$logs/train-$tag.json" 2>&1 | tee "$logs/train-$tag.log"
+  rc=${PIPESTATUS[0]}
+  last=$(grep -E '^Epoch ' "$logs/train-$tag.log" | tail -1)
+  peak=$(grep -E '^Peak memory' "$logs/train-$tag.log" | tail -1)
+  if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
+  printf 'train\tmirra train --device %s\t%s\t%s\n' "$dev" "$status" \
+    "${last:-exit status $rc} ${peak}" >>"$results"
 done
 
 say "PyTorch reference"

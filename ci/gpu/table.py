@@ -15,6 +15,7 @@ PAIRED = [
     ("gemm_f32_tflops", "f32 matmul 4096 (no TF32)", "TFLOP/s"),
     ("gemm_bf16_tflops", "bf16 matmul 8192", "TFLOP/s"),
     ("axpy_gbs", "y += a x, 64M f32 (read + written)", "GB/s"),
+    ("mlp_train_samples_s", "MNIST MLP training, batch 256, last of 3 epochs", "samples/s"),
 ]
 
 
@@ -37,6 +38,7 @@ def main():
     ap.add_argument("--probe")
     ap.add_argument("--torch")
     ap.add_argument("--results")
+    ap.add_argument("--train", help="the History JSON of `mirra train --device cuda:0`")
     a = ap.parse_args()
     probe, torch = load(a.probe), load(a.torch)
 
@@ -49,6 +51,9 @@ def main():
     figs = {}
     for s in (probe or {}).get("steps", []):
         figs.update(s.get("figures", {}))
+    history = load(a.train) or {}
+    if history.get("samples_per_sec"):
+        figs["mlp_train_samples_s"] = history["samples_per_sec"][-1]
     tfigs = (torch or {}).get("figures", {})
     twhy = "not run" if torch is None else torch.get("error", "")
     for key, what, unit in PAIRED:

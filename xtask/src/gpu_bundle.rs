@@ -24,7 +24,13 @@ pub const MAX_BUNDLE_BYTES: u64 = 64 << 20;
 
 /// The packages whose tests include GPU tests. A test in `tests` checks that every crate
 /// with a test ignored as "needs a CUDA device" is listed here.
-pub const GPU_TEST_PACKAGES: &[&str] = &["mirra-cuda", "mirra-device", "mirra-tensor"];
+pub const GPU_TEST_PACKAGES: &[&str] = &[
+    "mirra-cuda",
+    "mirra-device",
+    "mirra-optim",
+    "mirra-tensor",
+    "mirra-train",
+];
 
 /// The files of `ci/` that the bundle carries, beside the binaries.
 const SCRIPTS: &[&str] = &["gpu-check.sh", "gpu/torch_reference.py", "gpu/table.py"];
@@ -153,6 +159,11 @@ fn test_executables(json: &str) -> Vec<(String, PathBuf)> {
     json.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
+        .filter(|m| {
+            m["target"]["src_path"]
+                .as_str()
+                .is_none_or(|src| holds_gpu_tests(Path::new(src)))
+        })
         .filter_map(|m| {
             let exe = m["executable"].as_str()?;
             let name = m["target"]["name"].as_str()?;
@@ -160,6 +171,27 @@ fn test_executables(json: &str) -> Vec<(String, PathBuf)> {
             Some((format!("{name}-{kind}"), PathBuf::from(exe)))
         })
         .collect()
+}
+
+/// What marks a GPU test: `#[ignore = "needs a CUDA device"]`.
+const GPU_TEST_MARK: &str = "needs a CUDA device\"]";
+
+/// Whether the test target rooted at `src` holds a GPU test: an integration test's file,
+/// or any file of a library's folder. Test binaries without one stay out of the bundle
+/// (the device tool carries 64 MiB).
+fn holds_gpu_tests(src: &Path) -> bool {
+    let mut files = vec![];
+    let is_lib_root = src.file_name().is_some_and(|n| n == "lib.rs");
+    match src.parent() {
+        Some(dir) if is_lib_root => {
+            let _ = list_files(dir, &mut files);
+        }
+        _ => files.push((src.to_path_buf(), 0)),
+    }
+    files.iter().any(|(path, _)| {
+        path.extension().is_some_and(|e| e == "rs")
+            && fs::read_to_string(path).is_ok_and(|t| t.contains(GPU_TEST_MARK))
+    })
 }
 
 /// Copies an executable and strips its debug information when `strip` is on the machine
@@ -255,15 +287,9 @@ mod tests {
         let mut with_gpu_tests = Vec::new();
         for entry in fs::read_dir(root.join("crates")).unwrap() {
             let dir = entry.unwrap().path();
-            let mut files = Vec::new();
-            for sub in ["src", "tests"] {
-                let _ = list_files(&dir.join(sub), &mut files);
-            }
-            let has = files.iter().any(|(path, _)| {
-                path.extension().is_some_and(|e| e == "rs")
-                    && fs::read_to_string(path).is_ok_and(|t| t.contains("needs a CUDA device\"]"))
-            });
-            if has {
+            let mut files = vec![(dir.join("src/lib.rs"), 0)];
+            let _ = list_files(&dir.join("tests"), &mut files);
+            if files.iter().any(|(path, _)| holds_gpu_tests(path)) {
                 with_gpu_tests.push(dir.file_name().unwrap().to_string_lossy().into_owned());
             }
         }
@@ -277,6 +303,7 @@ mod tests {
     fn test_executables_are_read_from_cargo_messages() {
         let json = r#"{"reason":"compiler-artifact","profile":{"test":true},"target":{"name":"mirra_cuda","kind":["lib"]},"executable":"/t/release/deps/mirra_cuda-abc"}
 {"reason":"compiler-artifact","profile":{"test":false},"target":{"name":"half","kind":["lib"]},"executable":null}
+{"reason":"compiler-artifact","profile":{"test":true},"target":{"name":"no_gpu","kind":["test"],"src_path":"/nonexistent/tests/no_gpu.rs"},"executable":"/t/release/deps/no_gpu-abc"}
 {"reason":"build-finished","success":true}"#;
         assert_eq!(
             test_executables(json),
@@ -285,6 +312,19 @@ mod tests {
                 PathBuf::from("/t/release/deps/mirra_cuda-abc")
             )]
         );
+    }
+
+    #[test]
+    fn only_targets_holding_gpu_tests_are_bundled() {
+        let root = workspace_root();
+        assert!(holds_gpu_tests(&root.join("crates/mirra-cuda/src/lib.rs")));
+        assert!(holds_gpu_tests(
+            &root.join("crates/mirra-optim/tests/cuda_updates.rs")
+        ));
+        assert!(!holds_gpu_tests(
+            &root.join("crates/mirra-train/tests/checkpoint_mutation.rs")
+        ));
+        assert!(!holds_gpu_tests(&root.join("crates/mirra-data/src/lib.rs")));
     }
 
     #[test]
