@@ -17,6 +17,8 @@ mkdir -p "$logs"
 results=$logs/results.tsv # kind, name, status, detail: one line per test binary
 : >"$results"
 start=$SECONDS
+# Each step's time limit; a short lease can lower it (STEP_TIMEOUT=120 bash gpu-check.sh).
+step=${STEP_TIMEOUT:-300}
 say() { echo "== $* ($((SECONDS - start)) s)"; }
 
 # CUDA's libraries: the driver's folder, the toolkit's (its NVRTC matches the driver's CUDA
@@ -63,7 +65,7 @@ say "machine"
 } 2>&1 | tee "$logs/machine.log"
 
 say "GPU probe"
-timeout 360 "$here/xtask" gpu-probe --json "$logs/probe.json" 2>&1 | tee "$logs/probe.log"
+timeout "$step" "$here/xtask" gpu-probe --json "$logs/probe.json" 2>&1 | tee "$logs/probe.log"
 probe_rc=${PIPESTATUS[0]}
 
 table() {
@@ -91,7 +93,7 @@ failed=0
 for t in "$here"/tests/*; do
   name=$(basename "$t")
   say "GPU tests: $name"
-  timeout 300 "$t" --ignored --test-threads=1 2>&1 | tee "$logs/test-$name.log"
+  timeout "$step" "$t" --ignored --test-threads=1 2>&1 | tee "$logs/test-$name.log"
   rc=${PIPESTATUS[0]}
   summary=$(grep -E '^test result:' "$logs/test-$name.log" | tail -1)
   if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
@@ -103,7 +105,7 @@ done
 for dev in cuda:0 cpu; do
   tag=${dev/:/}
   say "mirra train --device $dev"
-  timeout 300 "$here/mirra" train --device "$dev" --epochs 3 --batch-size 256 \
+  timeout "$step" "$here/mirra" train --device "$dev" --epochs 3 --batch-size 256 \
     --history "$logs/train-$tag.json" 2>&1 | tee "$logs/train-$tag.log"
   rc=${PIPESTATUS[0]}
   last=$(grep -E '^Epoch ' "$logs/train-$tag.log" | tail -1)
@@ -114,7 +116,7 @@ for dev in cuda:0 cpu; do
 done
 
 say "PyTorch reference"
-PYTHONUNBUFFERED=1 timeout 300 python3 "$here/gpu/torch_reference.py" --json "$logs/torch.json" \
+PYTHONUNBUFFERED=1 timeout "$step" python3 "$here/gpu/torch_reference.py" --json "$logs/torch.json" \
   2>&1 | tee "$logs/torch.log"
 
 say "table"

@@ -163,7 +163,10 @@ fn global_norm_and_clipping_on_the_device_match_the_cpu() {
                     _ => 2f64.powi(-7),
                 };
                 let ulp = eps * 2f64.powf(a.abs().max(1e-30).log2().floor());
-                assert!((a - b).abs() <= ulp, "{dtype:?}: clipped {b}, want {a}");
+                // Each side scales by max_norm over its own norm: the norms' relative
+                // difference carries into the clipped values, plus one rounding.
+                let bound = ulp + a.abs() * 2.0 * ((nc - nd) / nc).abs();
+                assert!((a - b).abs() <= bound, "{dtype:?}: clipped {b}, want {a}");
             }
         }
     }
