@@ -6,7 +6,8 @@
 #      an NVRTC kernel, NCCL;
 #   2. every GPU test: the bundled test binaries with --ignored;
 #   3. `mirra train` on the GPU and on the CPU (3 epochs of the bundled MNIST);
-#   4. PyTorch measuring what the probe measured and training the same MLP, beside it;
+#   4. `xtask bench --device cuda:0`: kernels, matmul and MLP training beside PyTorch;
+#   5. PyTorch measuring what the probe measured and training the same MLP, beside it;
 # then one table (markdown, for the session's note). Logs are written as the steps run, to
 # $OUT when the device tool sets it (it brings them back), else to ./logs beside this script.
 # Exit status: 0 every step passed, 1 something failed, 3 no GPU here (nothing ran on one).
@@ -72,6 +73,10 @@ table() {
   if command -v python3 >/dev/null 2>&1; then
     python3 "$here/gpu/table.py" --probe "$logs/probe.json" --torch "$logs/torch.json" \
       --results "$results" --train "$logs/train-cuda0.json" 2>&1 | tee "$logs/table.md"
+    if [ -f "$logs/bench-gpu.md" ]; then
+      echo | tee -a "$logs/table.md"
+      tee -a "$logs/table.md" <"$logs/bench-gpu.md"
+    fi
   else
     cat "$results"
   fi
@@ -102,18 +107,29 @@ done
 
 # The program a user runs: `mirra train` on the GPU, then on this machine's CPU, 3 epochs of
 # the bundled MNIST at batch 256 (the PyTorch reference trains the same MLP the same way).
-for dev in cuda:0 cpu; do
-  tag=${dev/:/}
-  say "mirra train --device $dev"
-  timeout "$step" "$here/mirra" train --device "$dev" --epochs 3 --batch-size 256 \
+# The GPU once more with TF32 matmuls (--tf32): the same run, another cuBLAS math mode.
+for run in "cuda:0" "cpu" "cuda:0 --tf32"; do
+  set -- $run
+  tag=${1/:/}${2:+-tf32}
+  say "mirra train --device $run"
+  timeout "$step" "$here/mirra" train --device "$@" --epochs 3 --batch-size 256 \
     --history "$logs/train-$tag.json" 2>&1 | tee "$logs/train-$tag.log"
   rc=${PIPESTATUS[0]}
   last=$(grep -E '^Epoch ' "$logs/train-$tag.log" | tail -1)
   peak=$(grep -E '^Peak memory' "$logs/train-$tag.log" | tail -1)
   if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
-  printf 'train\tmirra train --device %s\t%s\t%s\n' "$dev" "$status" \
+  printf 'train\tmirra train --device %s\t%s\t%s\n' "$run" "$status" \
     "${last:-exit status $rc} ${peak}" >>"$results"
 done
+
+# Issue 14's GPU figures: kernels against the device copy, matmul against cuBLAS, the MLP
+# against PyTorch on this GPU and mirra on this machine's CPU, peak device memory.
+say "GPU benchmark (xtask bench --device cuda:0)"
+timeout "$step" "$here/xtask" bench --device cuda:0 --out "$logs/bench-gpu.json" 2>&1 |
+  tee "$logs/bench-gpu.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
+printf 'bench\txtask bench --device cuda:0\t%s\texit status %s\n' "$status" "$rc" >>"$results"
 
 say "PyTorch reference"
 PYTHONUNBUFFERED=1 timeout "$step" python3 "$here/gpu/torch_reference.py" --json "$logs/torch.json" \

@@ -33,7 +33,7 @@ use crate::json::{num, opt, save};
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::table::{cell, mark};
 use crate::timing::{median, Plan};
-use crate::{cli, compare, machine, mlp, rss, subnormal, torch_mlp, Failure};
+use crate::{bench_gpu, cli, compare, machine, mlp, rss, subnormal, torch_mlp, Failure};
 
 /// Square matmul sizes.
 pub const SIZES: [usize; 3] = [256, 512, 1024];
@@ -87,9 +87,33 @@ struct Args {
     /// Skip the peak-RSS runs of `mirra train`.
     #[arg(long)]
     no_rss: bool,
-    /// Where to write the JSON (default: target/bench/core.json).
+    /// Where to write the JSON (default: target/bench/core.json; gpu.json with a CUDA
+    /// --device).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// `cpu` (these figures), or `cuda:N`: the GPU's figures instead (kernels against the
+    /// device copy, matmul against cuBLAS, MLP training against PyTorch on that GPU and
+    /// against the CPU), see `bench_gpu`.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: BenchDevice,
+}
+
+/// Where `cargo xtask bench` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BenchDevice {
+    Cpu,
+    Cuda(usize),
+}
+
+/// `cpu` or `cuda:N`.
+fn parse_device(s: &str) -> Result<BenchDevice, String> {
+    if s == "cpu" {
+        return Ok(BenchDevice::Cpu);
+    }
+    s.strip_prefix("cuda:")
+        .and_then(|n| n.parse().ok())
+        .map(BenchDevice::Cuda)
+        .ok_or_else(|| format!("`{s}` is not a device: `cpu` or `cuda:N`"))
 }
 
 /// Timing plan of the matmul comparison and its rounds.
@@ -115,6 +139,14 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     let Some(a) = cli::parse::<Args>("xtask bench", args)? else {
         return Ok(());
     };
+    if let BenchDevice::Cuda(ordinal) = a.device {
+        return bench_gpu::run(&bench_gpu::GpuBench {
+            ordinal,
+            quick: a.quick,
+            no_torch: a.no_torch,
+            out: bench_file(a.out.as_deref(), "gpu.json"),
+        });
+    }
     let started = Instant::now();
     let threads = a.threads.map_or_else(machine::cores, |t| t as usize);
     let quick = a.quick;
@@ -247,7 +279,7 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
                 "mlp: round {}/{rounds}: PyTorch, {threads} threads",
                 round + 1
             );
-            match torch_mlp::measure(&torch_dir, threads, epochs, mlp::SEED, &BATCHES) {
+            match torch_mlp::measure(&torch_dir, threads, epochs, mlp::SEED, &BATCHES, "cpu") {
                 Ok(v) => {
                     for (i, &b) in BATCHES.iter().enumerate() {
                         if let Some(s) = torch_mlp::samples_per_sec(&v, b) {

@@ -25,6 +25,7 @@ pub const MAX_BUNDLE_BYTES: u64 = 64 << 20;
 /// The packages whose tests include GPU tests. A test in `tests` checks that every crate
 /// with a test ignored as "needs a CUDA device" is listed here.
 pub const GPU_TEST_PACKAGES: &[&str] = &[
+    "mirra-collectives",
     "mirra-cuda",
     "mirra-device",
     "mirra-optim",

@@ -6,6 +6,7 @@
 
 mod bench_collectives;
 mod bench_core;
+mod bench_gpu;
 mod bench_mirrored;
 mod cli;
 mod compare;

@@ -9,17 +9,28 @@
 //! step (as mirra's `train_step` returns it), eager mode. Epoch 1 warms up; samples/s is
 //! the training examples of the later epochs over their wall time. Threads:
 //! `torch.set_num_threads(n)`, one inter-op thread.
+//!
+//! On a CUDA device (`device` "cuda:N") the model lives there and each batch is gathered
+//! on the host and copied over, as mirra's pipeline does; TF32 is off (mirra's default).
+//! The peak device memory of each batch size's training is `max_memory_allocated` from a
+//! reset taken before the model is made, less cuBLAS's workspaces (which PyTorch takes
+//! from its caching allocator, one per handle: the backward's thread has its own, and
+//! mirra's allocator never sees them), measured as what stays allocated once the model,
+//! optimizer and last batch are freed. (One small matmul's workspace, subtracted instead,
+//! left the backward's 32 MiB in PyTorch's peak on the first H200 run.)
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-/// The script: argv = data_dir threads epochs seed batch[,batch...]; prints one JSON line.
+/// The script: argv = data_dir threads epochs seed batch[,batch...] device; prints one
+/// JSON line.
 const SCRIPT: &str = r#"
 import gzip, json, os, sys, time
 data_dir, threads, epochs, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 batches = [int(b) for b in sys.argv[5].split(",")]
+device = sys.argv[6]
 try:
     import torch
     from torch import nn
@@ -60,10 +71,21 @@ else:
 x = images.to(torch.float32) / 255.0
 y = labels.to(torch.int64)
 n = len(x)
+dev = torch.device(device)
+cuda = dev.type == "cuda"
+workspace = 0
+if cuda:
+    if not torch.cuda.is_available():
+        print(json.dumps({"error": "torch sees no CUDA device"}), flush=True)
+        sys.exit(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
 results = {}
 for b in batches:
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(seed)
@@ -73,7 +95,7 @@ for b in batches:
         t0 = time.perf_counter()
         for i in range(0, n, b):
             idx_b = perm[i:i + b]
-            xb, yb = x[idx_b], y[idx_b]
+            xb, yb = x[idx_b].to(dev), y[idx_b].to(dev)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)
             loss.backward()
@@ -82,18 +104,30 @@ for b in batches:
         seconds.append(time.perf_counter() - t0)
     timed = seconds[1:]
     results[str(b)] = {"samples_per_sec": n * len(timed) / sum(timed), "epoch_seconds": seconds, "last_loss": last}
+    del model, opt, xb, yb, loss
+    if cuda:
+        import gc
+        gc.collect()
+        torch.cuda.synchronize()
+        left = torch.cuda.memory_allocated(dev)  # cuBLAS's workspaces: nothing else is alive
+        workspace = max(workspace, left)
+        results[str(b)]["peak_device_bytes"] = torch.cuda.max_memory_allocated(dev) - left
+        results[str(b)]["cublas_workspace_bytes"] = left
+        results[str(b)]["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
 print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
-                  "train_examples": n, "source": source, "results": results}), flush=True)
+                  "train_examples": n, "source": source, "device": device,
+                  "cublas_workspace_bytes": workspace, "results": results}), flush=True)
 "#;
 
-/// PyTorch's samples/s per batch size, or why there are none. `epochs` includes the
-/// warm-up epoch.
+/// PyTorch's samples/s per batch size on `device` ("cpu" or "cuda:N"), or why there are
+/// none. `epochs` includes the warm-up epoch.
 pub fn measure(
     data_dir: &Path,
     threads: usize,
     epochs: usize,
     seed: u64,
     batches: &[usize],
+    device: &str,
 ) -> Result<Value, String> {
     let list: Vec<String> = batches.iter().map(usize::to_string).collect();
     let out = Command::new("python3")
@@ -104,27 +138,30 @@ pub fn measure(
         .arg(epochs.to_string())
         .arg(seed.to_string())
         .arg(list.join(","))
+        .arg(device)
         .env("OMP_NUM_THREADS", threads.to_string())
         .env("MKL_NUM_THREADS", threads.to_string())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("cannot run python3: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .ok_or_else(|| {
-            let err = String::from_utf8_lossy(&out.stderr);
-            format!(
-                "the PyTorch script printed no result ({}): {}",
-                out.status,
-                err.lines().last().unwrap_or("")
-            )
-        })?;
+    last_json_line(&out.stdout, &out.stderr, &out.status.to_string())
+        .map_err(|e| format!("{e} (pip install torch)"))
+}
+
+/// The last line of a script's `stdout` that is a JSON object, as a value; the object's
+/// `error` as an error, and no such line as an error quoting `stderr`'s last line.
+pub fn last_json_line(stdout: &[u8], stderr: &[u8], status: &str) -> Result<Value, String> {
+    let text = String::from_utf8_lossy(stdout);
+    let Some(line) = text.lines().rev().find(|l| l.starts_with('{')) else {
+        let err = String::from_utf8_lossy(stderr);
+        return Err(format!(
+            "the PyTorch script printed no result ({status}): {}",
+            err.lines().last().unwrap_or("")
+        ));
+    };
     let v: Value = serde_json::from_str(line).map_err(|e| format!("bad JSON from python: {e}"))?;
     match v.get("error").and_then(Value::as_str) {
-        Some(e) => Err(format!("{e} (pip install torch)")),
+        Some(e) => Err(e.to_string()),
         None => Ok(v),
     }
 }
@@ -132,6 +169,18 @@ pub fn measure(
 /// Samples/s at `batch` from [`measure`]'s JSON.
 pub fn samples_per_sec(v: &Value, batch: usize) -> Option<f64> {
     v["results"][batch.to_string()]["samples_per_sec"].as_f64()
+}
+
+/// Peak device bytes at `batch` (cuBLAS's workspace excluded) from [`measure`]'s JSON on a
+/// CUDA device.
+pub fn peak_device_bytes(v: &Value, batch: usize) -> Option<f64> {
+    v["results"][batch.to_string()]["peak_device_bytes"].as_f64()
+}
+
+/// Peak bytes PyTorch's allocator held from the device at `batch` (its segments, cuBLAS's
+/// workspaces included) from [`measure`]'s JSON on a CUDA device.
+pub fn peak_reserved_bytes(v: &Value, batch: usize) -> Option<f64> {
+    v["results"][batch.to_string()]["peak_reserved_bytes"].as_f64()
 }
 
 #[cfg(test)]

@@ -4,12 +4,12 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mirra_device::Buffer;
 
 use crate::collective::Collective;
-use crate::error::Result;
+use crate::error::{CollectiveError, Result};
 use crate::pending::Pending;
 use crate::reduce::ReduceOp;
 
@@ -135,6 +135,26 @@ impl fmt::Debug for dyn Communicator {
     }
 }
 
+/// What a collective that runs on after `start_*` returns completes on: a device
+/// backend's CUDA event recorded after its kernels (implemented here for
+/// [`mirra_cuda::events::Event`]), or any other signal a backend can poll.
+pub trait Completion: Send {
+    /// `Ok(true)` once the collective has run, `Ok(false)` while it runs, `Err(why)` when
+    /// it failed (a faulted kernel): [`Work`] reports that as
+    /// [`CollectiveError::Device`].
+    fn poll(&self) -> std::result::Result<bool, String>;
+
+    /// Called when a wait on it passed its deadline, before the timeout is reported: a
+    /// backend aborts its group here. Nothing by default.
+    fn abort(&self) {}
+}
+
+impl Completion for mirra_cuda::events::Event {
+    fn poll(&self) -> std::result::Result<bool, String> {
+        self.is_complete().map_err(|e| e.to_string())
+    }
+}
+
 /// A started collective. It borrows the collective's buffers (`'b`) until it is complete:
 /// neither the caller nor any other rank can touch them before then.
 ///
@@ -142,11 +162,54 @@ impl fmt::Debug for dyn Communicator {
 /// deadline; [`wait_timeout`](Work::wait_timeout) with another one. Dropping a `Work`
 /// that was not waited for waits for it (and drops its error). The host-memory backends
 /// of this crate complete every collective inside `start_*`, so their `Work`s are
-/// complete when handed out.
+/// complete when handed out; a device backend's carry a [`Completion`] (a CUDA event)
+/// and complete when it does ([`Work::pending`]).
 #[must_use = "a started collective must be waited for to see its error"]
 pub struct Work<'b> {
     op: Collective,
+    pending: Option<Waiting<'b>>,
     _buffers: PhantomData<&'b mut Buffer>,
+}
+
+/// What a pending [`Work`] waits on.
+struct Waiting<'b> {
+    completion: Box<dyn Completion + 'b>,
+    rank: usize,
+    deadline: Duration,
+}
+
+impl Waiting<'_> {
+    /// Polls until complete, backing off from 1 us to 100 us between polls (a collective
+    /// on a device takes microseconds to milliseconds; a sleeping poll costs no core).
+    fn wait(&self, op: Collective, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(1);
+        loop {
+            match self.completion.poll() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(reason) => {
+                    return Err(CollectiveError::Device {
+                        op,
+                        rank: self.rank,
+                        reason,
+                    })
+                }
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                self.completion.abort();
+                return Err(CollectiveError::Timeout {
+                    op,
+                    rank: self.rank,
+                    waiting_for: Vec::new(),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(pause.min(timeout - waited));
+            pause = (pause * 2).min(Duration::from_micros(100));
+        }
+    }
 }
 
 impl<'b> Work<'b> {
@@ -154,6 +217,29 @@ impl<'b> Work<'b> {
     pub(crate) fn completed(op: Collective) -> Work<'b> {
         Work {
             op,
+            pending: None,
+            _buffers: PhantomData,
+        }
+    }
+
+    /// A work item of rank `rank` that is complete when `completion` says so; [`wait`]
+    /// gives it `deadline` (the communicator's timeout). For backends whose collectives run
+    /// on after `start_*` returns: a device backend records an event after its kernels.
+    ///
+    /// [`wait`]: Work::wait
+    pub fn pending(
+        op: Collective,
+        rank: usize,
+        deadline: Duration,
+        completion: Box<dyn Completion + 'b>,
+    ) -> Work<'b> {
+        Work {
+            op,
+            pending: Some(Waiting {
+                completion,
+                rank,
+                deadline,
+            }),
             _buffers: PhantomData,
         }
     }
@@ -163,21 +249,37 @@ impl<'b> Work<'b> {
         self.op
     }
 
-    /// True once the collective is complete (waiting returns at once).
+    /// True once the collective is complete, or has failed (waiting returns at once).
     pub fn is_complete(&self) -> bool {
-        true
+        self.pending
+            .as_ref()
+            .is_none_or(|w| !matches!(w.completion.poll(), Ok(false)))
     }
 
     /// Block until the collective is complete, within the communicator's deadline.
     pub fn wait(self) -> Result<()> {
-        Ok(())
+        let deadline = self.pending.as_ref().map_or(Duration::ZERO, |w| w.deadline);
+        self.wait_timeout(deadline)
     }
 
     /// Block until the collective is complete, at most `timeout`; past it the group is
-    /// aborted and the error is [`CollectiveError::Timeout`](crate::CollectiveError::Timeout).
-    pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
-        let _ = timeout;
-        Ok(())
+    /// aborted and the error is [`CollectiveError::Timeout`] (whose `waiting_for` is empty
+    /// when the backend cannot tell which ranks are late: a device collective).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<()> {
+        match self.pending.take() {
+            Some(w) => w.wait(self.op, timeout),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Work<'_> {
+    fn drop(&mut self) {
+        // The buffers are borrowed until the collective is complete: wait before they are
+        // released, whatever the outcome.
+        if let Some(w) = self.pending.take() {
+            let _ = w.wait(self.op, w.deadline);
+        }
     }
 }
 
@@ -226,5 +328,124 @@ impl fmt::Debug for AbortHandle {
         f.debug_struct("AbortHandle")
             .field("aborted", &self.is_aborted())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// Complete once `done` is set; `Err` once `failed` is; counts aborts.
+    #[derive(Clone, Default)]
+    struct Flag {
+        done: Arc<AtomicBool>,
+        failed: Arc<AtomicBool>,
+        aborts: Arc<AtomicUsize>,
+    }
+
+    impl Completion for Flag {
+        fn poll(&self) -> std::result::Result<bool, String> {
+            if self.failed.load(Ordering::SeqCst) {
+                return Err("kernel faulted".into());
+            }
+            Ok(self.done.load(Ordering::SeqCst))
+        }
+        fn abort(&self) {
+            self.aborts.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn pending(flag: &Flag, deadline: Duration) -> Work<'static> {
+        Work::pending(Collective::AllReduce, 1, deadline, Box::new(flag.clone()))
+    }
+
+    /// Sets `done` after `after` on another thread.
+    fn complete_later(flag: &Flag, after: Duration) -> std::thread::JoinHandle<()> {
+        let done = flag.done.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            done.store(true, Ordering::SeqCst);
+        })
+    }
+
+    #[test]
+    fn a_pending_work_completes_when_its_completion_does() {
+        let flag = Flag::default();
+        let work = pending(&flag, Duration::from_secs(10));
+        assert!(!work.is_complete());
+        let t = complete_later(&flag, Duration::from_millis(30));
+        let start = Instant::now();
+        work.wait().unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        assert!(pending(&flag, Duration::ZERO).is_complete());
+        t.join().unwrap();
+        assert!(Work::completed(Collective::Barrier).is_complete());
+    }
+
+    #[test]
+    fn a_wait_past_its_deadline_aborts_and_names_the_collective_and_rank() {
+        let flag = Flag::default();
+        let e = pending(&flag, Duration::from_secs(10))
+            .wait_timeout(Duration::from_millis(20))
+            .unwrap_err();
+        assert_eq!(flag.aborts.load(Ordering::SeqCst), 1);
+        assert!(e.is_fatal());
+        assert!(
+            matches!(&e, CollectiveError::Timeout { op: Collective::AllReduce, rank: 1, after, .. }
+                if *after == Duration::from_millis(20)),
+            "{e}"
+        );
+        // The communicator's deadline when waited for plainly.
+        let e = pending(&flag, Duration::from_millis(10))
+            .wait()
+            .unwrap_err();
+        assert!(matches!(e, CollectiveError::Timeout { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_failed_completion_is_a_device_error_and_counts_as_complete() {
+        let flag = Flag::default();
+        flag.failed.store(true, Ordering::SeqCst);
+        let work = pending(&flag, Duration::from_secs(10));
+        assert!(work.is_complete());
+        let e = work.wait().unwrap_err();
+        assert!(e.is_fatal());
+        assert_eq!(
+            e.to_string(),
+            "all_reduce: rank 1's device failed: kernel faulted"
+        );
+    }
+
+    #[test]
+    fn dropping_a_pending_work_waits_for_it() {
+        let flag = Flag::default();
+        let t = complete_later(&flag, Duration::from_millis(30));
+        drop(pending(&flag, Duration::from_secs(10)));
+        assert!(
+            flag.done.load(Ordering::SeqCst),
+            "dropped before completion"
+        );
+        t.join().unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn a_work_carrying_a_cuda_event_completes_after_the_queued_kernels() {
+        let rt = mirra_cuda::runtime::runtime(0).unwrap();
+        let mut buf = rt.alloc(1 << 30).unwrap();
+        for _ in 0..16 {
+            buf.fill_zero().unwrap(); // about 4 ms of work on an H200
+        }
+        let event = rt.record_event(false).unwrap();
+        let work = Work::pending(
+            Collective::AllReduce,
+            0,
+            Duration::from_secs(10),
+            Box::new(event),
+        );
+        let queued = work.is_complete();
+        work.wait().unwrap();
+        assert!(!queued, "complete before 16 GiB of fills could have run");
     }
 }

@@ -211,6 +211,17 @@ pub enum CollectiveError {
         /// What the operating system or the thread reported.
         reason: String,
     },
+    /// The device running the collective failed (a faulted kernel, a lost device); the
+    /// group is aborted.
+    #[error("{op}: rank {rank}'s device failed: {reason}")]
+    Device {
+        /// The collective that failed.
+        op: Collective,
+        /// The rank whose device failed.
+        rank: usize,
+        /// What the device reported.
+        reason: String,
+    },
     /// The group was aborted through an [`AbortHandle`](crate::AbortHandle).
     #[error("{op}: the group was aborted")]
     Aborted {
@@ -229,6 +240,7 @@ impl CollectiveError {
                 | CollectiveError::RankGone { .. }
                 | CollectiveError::Aborted { .. }
                 | CollectiveError::ProgressThread { .. }
+                | CollectiveError::Device { .. }
         )
     }
 }

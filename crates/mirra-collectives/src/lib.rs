@@ -58,7 +58,7 @@ mod transport;
 
 pub use algo::BACKENDS;
 pub use collective::Collective;
-pub use comm::{AbortHandle, Communicator, Work};
+pub use comm::{AbortHandle, Communicator, Completion, Work};
 pub use config::{
     Config, DEFAULT_PARK_AFTER, DEFAULT_SLICE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, MIN_SLICE_BYTES,
 };

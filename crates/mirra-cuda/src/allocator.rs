@@ -4,7 +4,10 @@
 //! their peaks.
 //!
 //! - Sizes are rounded up to a class: multiples of 512 B up to 1 MiB, multiples of 2 MiB
-//!   above (PyTorch's small and large pools, without block splitting).
+//!   above (PyTorch's small and large pools, without block splitting). Bytes in use count
+//!   each request rounded to 512 B, as PyTorch's `memory_allocated` counts its blocks
+//!   (a block split from a segment is the request rounded to 512 B); the rest of a large
+//!   class is held, not used, and counts in `reserved`.
 //! - A block freed on a stream is reused only by allocations on the same stream: work
 //!   queued on that stream before the free is ordered before any work queued after the
 //!   reuse, so no event is needed. Using a block on another stream needs an event first
@@ -57,7 +60,8 @@ pub enum RawError {
 /// Bytes and counts of one allocator, for `mirra train`'s report and the benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
-    /// Bytes of the blocks handed out and not yet freed (size classes, not requests).
+    /// Bytes handed out and not yet freed: each request rounded up to 512 B (what
+    /// PyTorch's `memory_allocated` counts), not its size class.
     pub in_use: usize,
     /// The most `in_use` has been.
     pub peak_in_use: usize,
@@ -118,6 +122,8 @@ impl<R: RawMemory> std::fmt::Debug for CachingAllocator<R> {
 pub struct Block<R: RawMemory> {
     ptr: u64,
     size: usize,
+    /// What the block counts in `in_use`: the request rounded to 512 B.
+    counted: usize,
     stream: StreamId,
     owner: Arc<Mutex<State<R>>>,
 }
@@ -152,7 +158,7 @@ impl<R: RawMemory> std::fmt::Debug for Block<R> {
 impl<R: RawMemory> Drop for Block<R> {
     fn drop(&mut self) {
         let mut s = lock(&self.owner);
-        s.stats.in_use -= self.size;
+        s.stats.in_use -= self.counted;
         s.free
             .entry((self.stream, self.size))
             .or_default()
@@ -210,11 +216,13 @@ impl<R: RawMemory> CachingAllocator<R> {
                 p
             }
         };
-        s.stats.in_use += size;
+        let counted = bytes.max(1).div_ceil(SMALL_ROUND) * SMALL_ROUND;
+        s.stats.in_use += counted;
         s.stats.peak_in_use = s.stats.peak_in_use.max(s.stats.in_use);
         Ok(Block {
             ptr,
             size,
+            counted,
             stream,
             owner: self.state.clone(),
         })
@@ -359,6 +367,13 @@ mod tests {
         assert_eq!(lock(&raw.0).allocs, 1);
         let s = a.stats();
         assert_eq!((s.hits, s.misses, s.in_use, s.reserved), (1, 1, 1024, 1024));
+        drop(again);
+        // A large request counts its own size rounded to 512 B in use, its class held.
+        let big = a.alloc((5 << 20) + 1, 7).unwrap();
+        let s = a.stats();
+        assert_eq!((s.in_use, s.reserved), ((5 << 20) + 512, 1024 + (6 << 20)));
+        drop(big);
+        assert_eq!(a.stats().in_use, 0);
     }
 
     #[test]
@@ -379,7 +394,9 @@ mod tests {
         let y = a.alloc(1 << 20, 1).unwrap();
         drop(x);
         let s = a.stats();
-        assert_eq!(s.peak_in_use, (4 << 20) + (1 << 20));
+        // In use: the requests (3 MiB + 1 MiB); held: their classes (4 MiB + 1 MiB).
+        assert_eq!(s.peak_in_use, (3 << 20) + (1 << 20));
+        assert_eq!(s.peak_reserved, (4 << 20) + (1 << 20));
         assert_eq!(s.in_use, 1 << 20);
         a.reset_peaks();
         assert_eq!(a.stats().peak_in_use, 1 << 20);

@@ -16,12 +16,15 @@
 //!   `kernels/*.cu` and committed under `ptx/`, their op codes, and their loader;
 //! - [`runtime`]: one device as mirra uses it (context, stream, allocator, kernels) and
 //!   the device buffers that hold tensors' memory there;
+//! - [`events`]: more streams on a device and the events that order work across them,
+//!   tell the host that queued work has run, and time it on the device;
 //! - [`probe`]: the GPU probe that `cargo xtask gpu-probe` runs first on a lent GPU
 //!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL).
 
 pub mod allocator;
 pub mod devices;
 pub mod error;
+pub mod events;
 pub mod kernels;
 pub mod library;
 pub mod probe;

@@ -26,7 +26,7 @@ mod mnist;
 pub use dataset::{Dataset, DatasetIter};
 pub use error::DataError;
 pub use idx::{read_idx, read_idx_bytes, MAX_DEFLATE_RATIO};
-pub use mnist::{pixels_to_unit_f32, Mnist, MnistSource, Split};
+pub use mnist::{bundled_files, pixels_to_unit_f32, Mnist, MnistSource, Split};
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, DataError>;

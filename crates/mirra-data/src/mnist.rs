@@ -79,6 +79,15 @@ const TRAIN_LABELS: &str = "train-labels-idx1-ubyte";
 const TEST_IMAGES: &str = "t10k-images-idx3-ubyte";
 const TEST_LABELS: &str = "t10k-labels-idx1-ubyte";
 
+/// The embedded files as stored (file name, gzipped IDX bytes): for a program outside
+/// Rust (a PyTorch reference) to read the same examples that [`Mnist::bundled`] holds.
+pub fn bundled_files() -> [(&'static str, &'static [u8]); 2] {
+    [
+        ("t10k-images-idx3-ubyte.gz", BUNDLED_IMAGES),
+        ("t10k-labels-idx1-ubyte.gz", BUNDLED_LABELS),
+    ]
+}
+
 impl Mnist {
     /// The test set embedded in this library (the repository's `data/mnist/`), split
     /// 8,000 / 2,000. Reads no file.

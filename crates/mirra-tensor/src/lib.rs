@@ -18,6 +18,10 @@ mod threads;
 
 pub use error::TensorError;
 pub use layout::Layout;
+/// Whether f32 matrix products on CUDA devices may run in TF32 (off by default, as
+/// PyTorch's `torch.backends.cuda.matmul.allow_tf32`); bf16 and f16 products always
+/// accumulate in f32.
+pub use mirra_cuda::runtime::{allow_tf32, set_allow_tf32};
 pub use mirra_device::{vectorize, DType, Device, Element, FloatElement};
 pub use ops::{BinaryOp, UnaryOp};
 pub use shape::{Shape, MAX_RANK};

@@ -30,6 +30,14 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             Device::cuda(ordinal).map_err(|e| Failure::Usage(format!("--device: {e}")))?
         }
     };
+    if args.tf32 && device.is_cpu() {
+        return Err(Failure::Usage(
+            "--tf32 with --device cpu: TF32 is a CUDA matmul mode; the CPU computes f32 \
+             products in f32"
+                .into(),
+        ));
+    }
+    mirra::tensor::set_allow_tf32(args.tf32);
     if let (Some(replicas), false) = (args.replicas, device.is_cpu()) {
         return Err(Failure::Usage(format!(
             "--replicas {replicas} with --device {device}: replicas train on the host's \

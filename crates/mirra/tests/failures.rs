@@ -510,6 +510,11 @@ fn a_cuda_device_that_is_not_there_is_one_line() {
         &train(&["--epochs", "1", "--device", "gpu0"]),
         &["'gpu0' is not a device (cpu or cuda:N"],
     );
+    // TF32 is a CUDA matmul mode: asked for on the CPU, refused rather than ignored.
+    assert_usage_error(
+        &train(&["--epochs", "1", "--tf32"]),
+        &["--tf32 with --device cpu"],
+    );
 }
 
 /// A run killed while replacing its `--history` left `.history.json.tmp<PID>` beside it.
