@@ -122,6 +122,35 @@ for run in "cuda:0" "cpu" "cuda:0 --tf32"; do
     "${last:-exit status $rc} ${peak}" >>"$results"
 done
 
+# Checkpoints are portable across devices and replica counts: 2 epochs on 2 CPU replicas
+# resumed to 3 on the GPU, and 2 on the GPU resumed to 3 on 2 CPU replicas, each ending
+# within 1e-3 of the uninterrupted CPU run's val_loss (train-cpu.log above).
+resume() { # tag, what, first run's flags, resumed run's flags
+  local dir=$logs/ckpt-$1 log=$logs/resume-$1.log
+  rm -rf "$dir"
+  say "resume: $2"
+  # shellcheck disable=SC2086 # the flags are words
+  timeout "$step" "$here/mirra" train --epochs 2 --batch-size 256 --checkpoint-dir "$dir" $3 \
+    >"$log" 2>&1 &&
+    timeout "$step" "$here/mirra" train --epochs 3 --batch-size 256 --checkpoint-dir "$dir" \
+      --resume $4 >>"$log" 2>&1
+  local rc=$?
+  local got want
+  got=$(grep -E '^Epoch 3/3' "$log" | sed -E 's/.*val_loss: ([0-9.]+).*/\1/')
+  want=$(grep -E '^Epoch 3/3' "$logs/train-cpu.log" | sed -E 's/.*val_loss: ([0-9.]+).*/\1/')
+  local status=FAILED
+  if [ "$rc" = 0 ] && [ -n "$got" ] && [ -n "$want" ] &&
+    awk -v g="$got" -v w="$want" 'BEGIN { d = (g - w) / w; exit !(d <= 1e-3 && d >= -1e-3) }'; then
+    status=ok
+  else
+    failed=1
+  fi
+  printf 'resume\t%s\t%s\tval_loss %s after resuming (uninterrupted CPU run: %s), exit status %s\n' \
+    "$2" "$status" "${got:-none}" "${want:-none}" "$rc" >>"$results"
+}
+resume cpu2-gpu "2 CPU replicas -> cuda:0" "--replicas 2" "--device cuda:0"
+resume gpu-cpu2 "cuda:0 -> 2 CPU replicas" "--device cuda:0" "--replicas 2"
+
 # Issue 14's GPU figures: kernels against the device copy, matmul against cuBLAS, the MLP
 # against PyTorch on this GPU and mirra on this machine's CPU, peak device memory.
 say "GPU benchmark (xtask bench --device cuda:0)"

@@ -380,7 +380,8 @@ fn mlp_section(rt: &Arc<Runtime>, device: Device, epochs: usize, torch: Option<&
         let gpu = (|| -> Result<(mlp::Epochs, f64, f64), String> {
             set_num_threads(machine::cores());
             let mut model = mlp::compile(None)?;
-            rt.synchronize().map_err(err)?;
+            // What this training holds, not what the sections before it left cached.
+            rt.empty_cache().map_err(err)?;
             rt.reset_peak_memory();
             model.to_device(device).map_err(err)?;
             let data =

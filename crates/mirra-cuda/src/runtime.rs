@@ -122,6 +122,14 @@ impl Runtime {
         self.allocator.reset_peaks()
     }
 
+    /// Give the allocator's cached blocks back to the device (PyTorch's `empty_cache`),
+    /// after the work queued on the stream has run (a cached block may still be read by it).
+    pub fn empty_cache(&self) -> Result<()> {
+        self.synchronize()?;
+        self.allocator.empty_cache();
+        Ok(())
+    }
+
     /// mirra's kernels on this device (loaded module by module on first use).
     pub fn kernels(&self) -> Result<&Kernels> {
         if let Some(k) = self.kernels.get() {

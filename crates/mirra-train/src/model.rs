@@ -449,7 +449,12 @@ impl Model {
         // updates the buffers in place instead of copying them.
         self.tape.clear();
         let _step = trace::span("optimizer", "optimizer step");
-        self.optimizer.step(self.net.params_mut(), &self.grads)?;
+        let stepped = self.optimizer.step(self.net.params_mut(), &self.grads);
+        // The gradients are spent: free them now (keeping the list's capacity), not when the
+        // next step's backward has made new ones, as PyTorch's `zero_grad(set_to_none=True)`:
+        // otherwise two steps' gradients are alive at the next backward's peak.
+        self.grads.clear();
+        stepped?;
         Ok(StepOutput { loss, output })
     }
 
