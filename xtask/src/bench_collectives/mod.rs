@@ -81,6 +81,11 @@ struct Args {
     /// Where to write the JSON (default: target/bench/collectives.json).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Rounds of mirra's sweep then the peers' (default 1): each row's time is the median
+    /// over the rounds, so that a ratio to a peer is not one stretch's luck (4 ranks on 2
+    /// cores: OpenMPI's time moved by 30% between two runs minutes apart).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=9))]
+    rounds: u64,
 }
 
 /// The peers of `--peers`.
@@ -128,6 +133,7 @@ struct Options {
     max_bytes: usize,
     peers: Vec<Peer>,
     out: Option<PathBuf>,
+    rounds: usize,
 }
 
 /// The options of `args`; `Ok(None)` after `--help`.
@@ -165,6 +171,7 @@ fn parse(args: &[String]) -> Result<Option<Options>, Failure> {
             .unwrap_or(if a.quick { 1 << 20 } else { DEFAULT_MAX_BYTES }),
         peers: a.peers.map_or_else(|| Peer::ALL.to_vec(), |p| p.0),
         out: a.out,
+        rounds: a.rounds as usize,
     }))
 }
 
@@ -277,8 +284,119 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     }
     let copy = |n: usize, bytes: usize| curve.get(&(n, bytes)).map(|p| p.best().0);
 
-    let mut rows: Vec<Row> = Vec::new();
     let mut errors: Vec<Value> = Vec::new();
+    let mut mirra_rounds: Vec<Vec<Row>> = Vec::new();
+    let mut peer_rounds: Vec<Vec<PeerRun>> = Vec::new();
+    for round in 1..=o.rounds {
+        if o.rounds > 1 {
+            println!("#\n# round {round} of {}", o.rounds);
+        }
+        mirra_rounds.push(measure_mirra(&o, &config, &copy, &mut errors));
+        peer_rounds.push(measure_peers(&o, &ar_sizes, &copy));
+    }
+    let rows = merge_rounds(&mirra_rounds);
+    let peer_runs = merge_peer_rounds(peer_rounds);
+    if o.rounds > 1 {
+        println!("#\n# medians over {} rounds", o.rounds);
+        for r in rows.iter().filter(|r| r.op == Op::AllReduce) {
+            println!("{}", r.line());
+        }
+    }
+
+    let others_share = cpu_start
+        .zip(CpuSnapshot::now())
+        .and_then(|(a, b)| a.others_share(&b));
+    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    let report = report_json(
+        &o,
+        args,
+        &facts,
+        &config,
+        &curve,
+        &rows,
+        &peer_runs,
+        &errors,
+        &ar_sizes,
+        others_share,
+        wrong,
+        started,
+    );
+    for line in targets::summary(&report) {
+        println!("{line}");
+    }
+    save(&out_path, &report, Some(started))?;
+    if !errors.is_empty() || wrong > 0 {
+        return Err(Failure::run(format!(
+            "xtask bench-collectives: {} failed group(s), {wrong} wrong element(s)",
+            errors.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Rows of several rounds as one: each row of the first round with its time the median
+/// over the rounds that measured the same (backend, world size, op, size), and its wrong
+/// elements summed over them.
+fn merge_rounds(rounds: &[Vec<Row>]) -> Vec<Row> {
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|r| {
+            let same = |o: &&Row| {
+                (o.backend.as_str(), o.world_size, o.op, o.bytes)
+                    == (r.backend.as_str(), r.world_size, r.op, r.bytes)
+            };
+            let matching: Vec<&Row> = rounds
+                .iter()
+                .filter_map(|rs| rs.iter().find(same))
+                .collect();
+            let times: Vec<f64> = matching.iter().map(|o| o.seconds).collect();
+            Row {
+                seconds: median(&times),
+                wrong: matching.iter().map(|o| o.wrong).sum(),
+                ..r.clone()
+            }
+        })
+        .collect()
+}
+
+/// Each peer's runs over the rounds as one (see [`merge_rounds`]); a world size that failed
+/// in any round is reported failed.
+fn merge_peer_rounds(rounds: Vec<Vec<PeerRun>>) -> Vec<PeerRun> {
+    let mut rounds = rounds.into_iter();
+    let Some(first) = rounds.next() else {
+        return Vec::new();
+    };
+    let rest: Vec<Vec<PeerRun>> = rounds.collect();
+    first
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut run)| {
+            let mut per_round = vec![run.rows.clone()];
+            for later in rest.iter().filter_map(|r| r.get(i)) {
+                per_round.push(later.rows.clone());
+                for f in &later.failures {
+                    if !run.failures.iter().any(|(n, _)| *n == f.0) {
+                        run.failures.push(f.clone());
+                    }
+                }
+            }
+            run.rows = merge_rounds(&per_round);
+            run
+        })
+        .collect()
+}
+
+/// One round of mirra's backends over every world size, op and size.
+fn measure_mirra(
+    o: &Options,
+    config: &Config,
+    copy: &dyn Fn(usize, usize) -> Option<f64>,
+    errors: &mut Vec<Value>,
+) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::new();
     for backend in &o.backends {
         for &n in &o.world_sizes {
             let group = match Group::spawn(backend, n, config.clone()) {
@@ -340,8 +458,15 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             }
         }
     }
+    rows
+}
 
-    // The peers, over the same all-reduce sweep, timed and checked the same way.
+/// One round of the peers over the all-reduce sweep, timed and checked the same way.
+fn measure_peers(
+    o: &Options,
+    ar_sizes: &[usize],
+    copy: &dyn Fn(usize, usize) -> Option<f64>,
+) -> Vec<PeerRun> {
     let plans: Vec<SizePlan> = ar_sizes
         .iter()
         .map(|&bytes| {
@@ -379,16 +504,31 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         }
         peer_runs.push(run);
     }
+    peer_runs
+}
 
-    let others_share = cpu_start
-        .zip(CpuSnapshot::now())
-        .and_then(|(a, b)| a.others_share(&b));
-    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
-    let report = json!({
+/// `collectives.json`.
+#[allow(clippy::too_many_arguments)]
+fn report_json(
+    o: &Options,
+    args: &[String],
+    facts: &Value,
+    config: &Config,
+    curve: &BTreeMap<(usize, usize), CopyPoint>,
+    rows: &[Row],
+    peer_runs: &[PeerRun],
+    errors: &[Value],
+    ar_sizes: &[usize],
+    others_share: Option<f64>,
+    wrong: u64,
+    started: Instant,
+) -> Value {
+    json!({
         "schema": "mirra-bench-collectives/2",
         "command": format!("cargo xtask bench-collectives {}", args.join(" ")).trim_end(),
         "machine": facts,
         "quick": o.quick,
+        "rounds": o.rounds,
         "config": {
             "timeout_ms": config.timeout.as_millis() as u64,
             "slice_bytes": config.slice_bytes,
@@ -400,8 +540,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         "copy_curve": curve.values().map(copy_json).collect::<Vec<_>>(),
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
         "peers": peer_runs.iter().map(PeerRun::json).collect::<Vec<_>>(),
-        "beside_peers": targets::beside_peers(&rows, &peer_runs, &o.world_sizes, &ar_sizes),
-        "targets": targets::targets(&rows, &peer_runs),
+        "beside_peers": targets::beside_peers(rows, peer_runs, &o.world_sizes, ar_sizes),
+        "targets": targets::targets(rows, peer_runs),
         "wrong": wrong,
         "errors": errors,
         "others_cpu_share": opt(others_share, 3),
@@ -409,6 +549,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             "timing": "per iteration: inputs written afresh, the group's barrier, then the \
                        collective, timed on every rank; the slowest rank's time; median over \
                        the timed iterations. The peers' programs (benches/peers/) do the same",
+            "rounds": "with --rounds R: mirra's sweep then the peers', R times; each row's \
+                       time is the median over the rounds, its #wrong the sum",
             "iterations": "about 512 MiB of messages and 0.75 s of timed iterations per size \
                            (from the previous size's time; the peers: 512 MiB and at most 50), \
                            3 to 200, after 1 to 10 warm-up iterations",
@@ -428,18 +570,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             "other_ops_bytes": sizes(Op::Broadcast, o.max_bytes, o.quick),
         },
         "elapsed_s": num(started.elapsed().as_secs_f64(), 1),
-    });
-    for line in targets::summary(&report) {
-        println!("{line}");
-    }
-    save(&out_path, &report, Some(started))?;
-    if !errors.is_empty() || wrong > 0 {
-        return Err(Failure::run(format!(
-            "xtask bench-collectives: {} failed group(s), {wrong} wrong element(s)",
-            errors.len()
-        )));
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -450,6 +581,37 @@ mod tests {
 
     fn options(a: &[&str]) -> Options {
         parse(&args(a)).unwrap().unwrap()
+    }
+
+    fn row(backend: &str, n: usize, bytes: usize, seconds: f64, wrong: u64) -> Row {
+        Row {
+            backend: backend.into(),
+            world_size: n,
+            op: Op::AllReduce,
+            dtype: "f32",
+            bytes,
+            count: bytes / 4,
+            seconds,
+            wrong,
+            copy_gbs: None,
+        }
+    }
+
+    #[test]
+    fn rounds_merge_to_each_rows_median_time_and_summed_wrong() {
+        let rounds = vec![
+            vec![row("ring", 2, 4096, 3.0, 0), row("ring", 4, 4096, 10.0, 0)],
+            vec![row("ring", 4, 4096, 30.0, 1), row("ring", 2, 4096, 1.0, 0)],
+            vec![row("ring", 2, 4096, 2.0, 0)], // a round that lost its 4-rank group
+        ];
+        let merged = merge_rounds(&rounds);
+        assert_eq!(merged.len(), 2);
+        assert_eq!((merged[0].world_size, merged[0].seconds), (2, 2.0));
+        assert_eq!((merged[1].seconds, merged[1].wrong), (20.0, 1));
+        assert!(merge_rounds(&[]).is_empty());
+        assert_eq!(options(&["--rounds", "3"]).rounds, 3);
+        assert_eq!(options(&[]).rounds, 1);
+        assert!(parse(&args(&["--rounds", "0"])).is_err());
     }
 
     #[test]
