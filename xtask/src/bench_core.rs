@@ -29,7 +29,7 @@ use clap::Parser;
 use mirra::data::Mnist;
 use serde_json::{json, Map, Value};
 
-use crate::json::{num, opt, save};
+use crate::json::{at_least, num, opt, save};
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::table::{cell, mark};
 use crate::timing::{median, Plan};
@@ -329,10 +329,7 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
             }),
         );
         if let Some(want) = want {
-            targets.insert(
-                format!("vs_torch_batch_{b}"),
-                json!({ "min": want, "measured": opt(vs_torch, 3), "met": vs_torch.map(|r| r >= want) }),
-            );
+            targets.insert(format!("vs_torch_batch_{b}"), at_least(want, vs_torch, 3));
         }
         targets.insert(
             format!("threads_not_slower_batch_{b}"),

@@ -27,8 +27,7 @@
 //! Everything lands in `target/bench/gpu.json` (or `--out`), and the table, in markdown,
 //! on stdout and beside the JSON (`.md`).
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,7 +38,7 @@ use mirra::tensor::{set_num_threads, DType, Device, Tensor};
 use mirra_cuda::runtime::{runtime, set_allow_tf32, Gemm, GemmType, Runtime};
 use serde_json::{json, Map, Value};
 
-use crate::json::{num, opt, save, write_bytes_atomic};
+use crate::json::{at_least, at_most, num, opt, save, write_bytes_atomic};
 use crate::timing::median;
 use crate::{machine, mlp, torch_mlp, Failure};
 
@@ -88,7 +87,6 @@ pub fn run(b: &GpuBench) -> Result<(), Failure> {
     report.insert("device".into(), json!(device.to_string()));
     report.insert("quick".into(), json!(b.quick));
 
-    let torch_dir = bundled_mnist_dir().map_err(Failure::run)?;
     let torch = if b.no_torch {
         Err("skipped (--no-torch)".to_string())
     } else {
@@ -107,14 +105,13 @@ pub fn run(b: &GpuBench) -> Result<(), Failure> {
         Err("skipped (--no-torch)".to_string())
     } else {
         let dev = format!("cuda:{}", b.ordinal);
-        torch_mlp::measure(
-            &torch_dir,
-            machine::cores(),
-            epochs,
-            mlp::SEED,
-            &BATCHES,
-            &dev,
-        )
+        let dir = b
+            .out
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("mnist-bundled");
+        bundled_mnist(&dir).map_err(Failure::run)?;
+        torch_mlp::measure(&dir, machine::cores(), epochs, mlp::SEED, &BATCHES, &dev)
     };
     let mlp = mlp_section(&rt, device, epochs, torch_mlp.as_ref().ok());
     report.insert("mlp".into(), mlp);
@@ -243,8 +240,7 @@ fn memory_section(rt: &Arc<Runtime>, device: Device, n: usize, torch: Option<&Va
         let ratio = r.as_ref().ok().zip(copy_rate).map(|(m, c)| m / c);
         targets.insert(
             format!("{name}_vs_copy"),
-            json!({ "min": TARGET_VS_COPY, "measured": opt(ratio, 3),
-                    "met": ratio.map(|x| x >= TARGET_VS_COPY) }),
+            at_least(TARGET_VS_COPY, ratio, 3),
         );
         let mut v = row(r, t(tk), 1);
         v["mirra_over_copy"] = opt(ratio, 3);
@@ -353,8 +349,7 @@ fn matmul_section(rt: &Arc<Runtime>, device: Device, quick: bool, torch: Option<
         if name == "bf16" {
             targets.insert(
                 "bf16_vs_cublas".into(),
-                json!({ "min": TARGET_MATMUL_VS_CUBLAS, "measured": opt(ratio, 3),
-                        "met": ratio.map(|x| x >= TARGET_MATMUL_VS_CUBLAS) }),
+                at_least(TARGET_MATMUL_VS_CUBLAS, ratio, 3),
             );
         }
         rows.insert(name.into(), v);
@@ -424,18 +419,15 @@ fn mlp_section(rt: &Arc<Runtime>, device: Device, epochs: usize, torch: Option<&
             v["gpu_over_cpu"] = opt(r, 2);
             targets.insert(
                 format!("vs_cpu_batch_{batch}"),
-                json!({ "min": TARGET_VS_CPU, "measured": opt(r, 2), "met": r.map(|x| x >= TARGET_VS_CPU) }),
+                at_least(TARGET_VS_CPU, r, 2),
             );
         }
         let r = m.zip(t).map(|(m, t)| m / t);
-        targets.insert(
-            format!("vs_torch_batch_{batch}"),
-            json!({ "min": 1.0, "measured": opt(r, 3), "met": r.map(|x| x >= 1.0) }),
-        );
+        targets.insert(format!("vs_torch_batch_{batch}"), at_least(1.0, r, 3));
         let r = peak.zip(t_peak).map(|(p, t)| p / t);
         targets.insert(
             format!("peak_memory_vs_torch_batch_{batch}"),
-            json!({ "max": 1.0, "measured": opt(r, 3), "met": r.map(|x| x <= 1.0) }),
+            at_most(1.0, r, 3),
         );
         rows.insert(batch.to_string(), v);
     }
@@ -449,15 +441,15 @@ fn mlp_section(rt: &Arc<Runtime>, device: Device, epochs: usize, torch: Option<&
     })
 }
 
-/// The bundled MNIST files written where PyTorch can read them (the bundle carries no data
-/// folder; mirra reads the same bytes from inside its library).
-fn bundled_mnist_dir() -> Result<PathBuf, String> {
-    let dir = std::env::temp_dir().join(format!("mirra-bench-mnist-{}", std::process::id()));
+/// The bundled MNIST files written into `dir` for PyTorch to read (the bundle carries no
+/// data folder; mirra reads the same bytes from inside its library). Beside the report and
+/// rewritten each run, not a new temporary folder per run.
+fn bundled_mnist(dir: &Path) -> Result<(), String> {
     for (name, bytes) in mirra::data::bundled_files() {
         write_bytes_atomic(&dir.join(name), bytes)
             .map_err(|e| format!("cannot write {}: {e}", dir.join(name).display()))?;
     }
-    Ok(dir)
+    Ok(())
 }
 
 /// PyTorch's figures for the memory-bound kernels and the matmuls, timed the same way.
@@ -510,16 +502,8 @@ print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_na
 
 /// Runs [`TORCH_KERNELS`] in `python3`: its JSON, or why there is none.
 fn torch_kernels(ordinal: usize, n: usize) -> Result<Value, String> {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(TORCH_KERNELS)
-        .arg(ordinal.to_string())
-        .arg(n.to_string())
-        .arg(REPEATS.to_string())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run python3: {e}"))?;
-    torch_mlp::last_json_line(&out.stdout, &out.stderr, &out.status.to_string())
+    let args = [ordinal, n, REPEATS].map(|a| a.to_string().into());
+    torch_mlp::run_script(TORCH_KERNELS, &args, None)
 }
 
 /// The report as one markdown table: each figure, what it is held against, the target.

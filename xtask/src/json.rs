@@ -4,7 +4,7 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// `x` rounded to `digits` decimals, as JSON; `null` when not finite.
 pub fn num(x: f64, digits: i32) -> Value {
@@ -18,6 +18,17 @@ pub fn num(x: f64, digits: i32) -> Value {
 /// An optional number rounded as [`num`]; `None` is `null`.
 pub fn opt(x: Option<f64>, digits: i32) -> Value {
     x.map_or(Value::Null, |x| num(x, digits))
+}
+
+/// A target that `measured` must reach: `{min, measured (rounded to digits), met}`, `met`
+/// null when nothing was measured.
+pub fn at_least(min: f64, measured: Option<f64>, digits: i32) -> Value {
+    json!({ "min": min, "measured": opt(measured, digits), "met": measured.map(|x| x >= min) })
+}
+
+/// A target that `measured` must not pass: `{max, measured, met}`, as [`at_least`].
+pub fn at_most(max: f64, measured: Option<f64>, digits: i32) -> Value {
+    json!({ "max": max, "measured": opt(measured, digits), "met": measured.map(|x| x <= max) })
 }
 
 /// Writes `value` (pretty-printed, with a final newline) to `path` atomically, as

@@ -19,6 +19,7 @@
 //! optimizer and last batch are freed. (One small matmul's workspace, subtracted instead,
 //! left the backward's 32 MiB in PyTorch's peak on the first H200 run.)
 
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -130,22 +131,34 @@ pub fn measure(
     device: &str,
 ) -> Result<Value, String> {
     let list: Vec<String> = batches.iter().map(usize::to_string).collect();
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(SCRIPT)
-        .arg(data_dir)
-        .arg(threads.to_string())
-        .arg(epochs.to_string())
-        .arg(seed.to_string())
-        .arg(list.join(","))
-        .arg(device)
-        .env("OMP_NUM_THREADS", threads.to_string())
-        .env("MKL_NUM_THREADS", threads.to_string())
-        .stdin(Stdio::null())
+    let args = [
+        data_dir.as_os_str().to_owned(),
+        threads.to_string().into(),
+        epochs.to_string().into(),
+        seed.to_string().into(),
+        list.join(",").into(),
+        device.into(),
+    ];
+    run_script(SCRIPT, &args, Some(threads)).map_err(|e| format!("{e} (pip install torch)"))
+}
+
+/// Runs `script` with `python3 -c` and `args` (with `threads`, as OpenMP's and MKL's thread
+/// counts): the last JSON line it printed ([`last_json_line`]).
+pub fn run_script(
+    script: &str,
+    args: &[OsString],
+    threads: Option<usize>,
+) -> Result<Value, String> {
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c").arg(script).args(args).stdin(Stdio::null());
+    if let Some(t) = threads {
+        cmd.env("OMP_NUM_THREADS", t.to_string())
+            .env("MKL_NUM_THREADS", t.to_string());
+    }
+    let out = cmd
         .output()
         .map_err(|e| format!("cannot run python3: {e}"))?;
     last_json_line(&out.stdout, &out.stderr, &out.status.to_string())
-        .map_err(|e| format!("{e} (pip install torch)"))
 }
 
 /// The last line of a script's `stdout` that is a JSON object, as a value; the object's

@@ -33,11 +33,19 @@ pub const LARGE_ROUND: usize = 2 << 20;
 /// The size class of a request of `bytes` (at least one granule, so that a zero-length
 /// buffer has an address like any other).
 pub fn size_class(bytes: usize) -> usize {
-    if bytes <= LARGE {
-        bytes.max(1).div_ceil(SMALL_ROUND) * SMALL_ROUND
-    } else {
-        bytes.div_ceil(LARGE_ROUND) * LARGE_ROUND
-    }
+    round_up(
+        bytes,
+        if bytes <= LARGE {
+            SMALL_ROUND
+        } else {
+            LARGE_ROUND
+        },
+    )
+}
+
+/// `bytes` rounded up to a multiple of `granule`, at least one granule.
+fn round_up(bytes: usize, granule: usize) -> usize {
+    bytes.max(1).div_ceil(granule) * granule
 }
 
 /// What the allocator asks of the device: memory in, memory out.
@@ -216,7 +224,7 @@ impl<R: RawMemory> CachingAllocator<R> {
                 p
             }
         };
-        let counted = bytes.max(1).div_ceil(SMALL_ROUND) * SMALL_ROUND;
+        let counted = round_up(bytes, SMALL_ROUND);
         s.stats.in_use += counted;
         s.stats.peak_in_use = s.stats.peak_in_use.max(s.stats.in_use);
         Ok(Block {
