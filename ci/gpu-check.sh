@@ -3,11 +3,13 @@
 # builds (device tool: command `bash target/gpu-bundle/gpu-check.sh`, carry
 # ["target/gpu-bundle"]); the machine needs no Rust toolchain and no network.
 #   1. the GPU probe (`xtask gpu-probe`): libraries, context, a 1 GiB round trip, cuBLAS,
-#      an NVRTC kernel, NCCL;
+#      an NVRTC kernel, NCCL; `mirra topo` (the device matrix) beside `nvidia-smi topo -m`;
 #   2. every GPU test: the bundled test binaries with --ignored;
 #   3. `mirra train` on the GPU and on the CPU (3 epochs of the bundled MNIST);
 #   4. `xtask bench --device cuda:0`: kernels, matmul and MLP training beside PyTorch;
-#   5. PyTorch measuring what the probe measured and training the same MLP, beside it;
+#   5. `xtask bench-collectives --device cuda`: the CUDA ring's nccl-tests table at 2, 4 and
+#      8 ranks on this GPU, against the traffic bound of the device copy;
+#   6. PyTorch measuring what the probe measured and training the same MLP, beside it;
 # then one table (markdown, for the session's note). Logs are written as the steps run, to
 # $OUT when the device tool sets it (it brings them back), else to ./logs beside this script.
 # Exit status: 0 every step passed, 1 something failed, 3 no GPU here (nothing ran on one).
@@ -95,14 +97,52 @@ fi
 
 failed=0
 [ "$probe_rc" = 0 ] || failed=1
-for t in "$here"/tests/*; do
-  name=$(basename "$t")
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+
+# The device matrix (`mirra topo`), beside nvidia-smi's own.
+say "mirra topo"
+timeout "$step" "$here/mirra" topo --json "$logs/topo.json" 2>&1 | tee "$logs/topo.log"
+rc=${PIPESTATUS[0]}
+nvidia-smi topo -m >"$logs/nvidia-smi-topo.log" 2>&1 || true
+if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
+cells=$(sed -n 2,3p "$logs/topo.log" | tr -s ' ' | paste -sd ';' -)
+printf 'topo\tmirra topo (nvidia-smi topo -m in nvidia-smi-topo.log)\t%s\t%s\n' "$status" \
+  "${cells:-exit status $rc}" >>"$results"
+# Tests named `_on_2_gpus` / `_on_8_gpus` need that many GPUs (NCCL runs one rank per GPU);
+# NCCL's suites run in processes of their own, with NCCL_ALGO set before NCCL starts.
+# `child_process_` tests are started by other tests, with the environment they need.
+run_tests() { # binary, log name, environment and filter arguments...
+  local t=$1 name=$2
+  shift 2
   say "GPU tests: $name"
-  timeout "$step" "$t" --ignored --test-threads=1 2>&1 | tee "$logs/test-$name.log"
-  rc=${PIPESTATUS[0]}
+  timeout "$step" env "$@" --test-threads=1 2>&1 | tee "$logs/test-$name.log"
+  local rc=${PIPESTATUS[0]}
+  local summary status
   summary=$(grep -E '^test result:' "$logs/test-$name.log" | tail -1)
   if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
   printf 'test\t%s\t%s\t%s\n' "$name" "$status" "${summary:-exit status $rc}" >>"$results"
+}
+for t in "$here"/tests/*; do
+  name=$(basename "$t")
+  run_tests "$t" "$name" "$t" --ignored --skip _on_2_gpus --skip _on_8_gpus --skip child_process_
+  for need in 2 8; do
+    listed=$("$t" --list --ignored 2>/dev/null | grep -c "_on_${need}_gpus" || true)
+    [ "$listed" -gt 0 ] || continue
+    if [ "$gpus" -lt "$need" ]; then
+      printf 'test\t%s (needs %s GPUs)\tnever run\t%s tests: this machine has %s GPU(s)\n' \
+        "$name" "$need" "$listed" "$gpus" >>"$results"
+      continue
+    fi
+    if [ "$need" = 2 ]; then
+      run_tests "$t" "$name-on-2-gpus" "$t" --ignored _on_2_gpus
+    else
+      for algo in Ring Tree; do
+        lower=$(echo "$algo" | tr 'A-Z' 'a-z')
+        run_tests "$t" "$name-nccl-$lower-on-8-gpus" NCCL_ALGO=$algo "$t" --ignored \
+          "nccl_${lower}_on_8_gpus"
+      done
+    fi
+  done
 done
 
 # The program a user runs: `mirra train` on the GPU, then on this machine's CPU, 3 epochs of
@@ -122,6 +162,49 @@ for run in "cuda:0" "cpu" "cuda:0 --tf32"; do
     "${last:-exit status $rc} ${peak}" >>"$results"
 done
 
+# A run's last (3rd) epoch line: its val_loss, its samples/s; whether two val_losses agree
+# within 1e-3 (relative).
+val_loss() { grep -E '^Epoch 3/3' "$1" | sed -E 's/.*val_loss: ([0-9.]+).*/\1/'; }
+speed() { grep -E '^Epoch 3/3' "$1" | sed -E 's/.* ([0-9]+) samples\/s.*/\1/'; }
+close() {
+  [ -n "$1" ] && [ -n "$2" ] &&
+    awk -v g="$1" -v w="$2" 'BEGIN { d = (g - w) / w; exit !(d <= 1e-3 && d >= -1e-3) }'
+}
+
+# The mirrored strategy on GPUs (issue 15): 2 replicas in sync on this one GPU per device
+# backend (and one replica on each of two GPUs where there are two), 3 epochs; val_loss
+# within 1e-3 of the one-GPU run's (the sums of two halves round differently in the last
+# bits), and samples/s beside the one-GPU run's: the scaling row (on one GPU, two replicas
+# share it: the row shows the strategy's cost, not a speed-up).
+mirrored() { # tag, --device value, collective, [--replicas N]
+  local tag=$1 dev=$2 coll=$3
+  shift 3
+  local log=$logs/train-$tag.log
+  say "mirra train --device $dev $* --collective $coll"
+  timeout "$step" "$here/mirra" train --device "$dev" "$@" --collective "$coll" --epochs 3 \
+    --batch-size 256 >"$log" 2>&1
+  local rc=$?
+  local got want fast one status=FAILED
+  got=$(val_loss "$log")
+  want=$(val_loss "$logs/train-cuda0.log")
+  fast=$(speed "$log")
+  one=$(speed "$logs/train-cuda0.log")
+  if [ "$rc" = 0 ] && close "$got" "$want"; then status=ok; else failed=1; fi
+  printf 'mirrored\t%s: --device %s %s --collective %s\t%s\tval_loss %s (one GPU: %s); %s samples/s (one GPU: %s, ratio %s); exit status %s\n' \
+    "$tag" "$dev" "$*" "$coll" "$status" "${got:-none}" "${want:-none}" "${fast:-none}" \
+    "${one:-none}" "$(awk -v a="${fast:-0}" -v b="${one:-0}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')" \
+    "$rc" >>"$results"
+}
+mirrored cuda-ring-2-on-1 cuda:0 cuda-ring --replicas 2
+if [ "$gpus" -ge 2 ]; then
+  mirrored cuda-ring-on-2 cuda:0,cuda:1 cuda-ring
+  NCCL_ALGO=Ring mirrored nccl-ring-on-2 cuda:0,cuda:1 nccl-ring
+  NCCL_ALGO=Tree mirrored nccl-tree-on-2 cuda:0,cuda:1 nccl-tree
+else
+  printf 'mirrored\tnccl-ring, nccl-tree, cuda-ring on 2 GPUs\tnever run\tneeds 2 GPUs: this machine has %s\n' \
+    "$gpus" >>"$results"
+fi
+
 # Checkpoints are portable across devices and replica counts: 2 epochs on 2 CPU replicas
 # resumed to 3 on the GPU, and 2 on the GPU resumed to 3 on 2 CPU replicas, each ending
 # within 1e-3 of the uninterrupted CPU run's val_loss (train-cpu.log above).
@@ -136,15 +219,10 @@ resume() { # tag, what, first run's flags, resumed run's flags
       --resume $4 >>"$log" 2>&1
   local rc=$?
   local got want
-  got=$(grep -E '^Epoch 3/3' "$log" | sed -E 's/.*val_loss: ([0-9.]+).*/\1/')
-  want=$(grep -E '^Epoch 3/3' "$logs/train-cpu.log" | sed -E 's/.*val_loss: ([0-9.]+).*/\1/')
+  got=$(val_loss "$log")
+  want=$(val_loss "$logs/train-cpu.log")
   local status=FAILED
-  if [ "$rc" = 0 ] && [ -n "$got" ] && [ -n "$want" ] &&
-    awk -v g="$got" -v w="$want" 'BEGIN { d = (g - w) / w; exit !(d <= 1e-3 && d >= -1e-3) }'; then
-    status=ok
-  else
-    failed=1
-  fi
+  if [ "$rc" = 0 ] && close "$got" "$want"; then status=ok; else failed=1; fi
   printf 'resume\t%s\t%s\tval_loss %s after resuming (uninterrupted CPU run: %s), exit status %s\n' \
     "$2" "$status" "${got:-none}" "${want:-none}" "$rc" >>"$results"
 }
@@ -159,6 +237,17 @@ timeout "$step" "$here/xtask" bench --device cuda:0 --out "$logs/bench-gpu.json"
 rc=${PIPESTATUS[0]}
 if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
 printf 'bench\txtask bench --device cuda:0\t%s\texit status %s\n' "$status" "$rc" >>"$results"
+
+# Issue 15's GPU collectives: the CUDA ring at 2, 4 and 8 ranks on this GPU, against the
+# traffic bound derived from the device copy measured in the same run.
+say "GPU collectives (xtask bench-collectives --device cuda)"
+timeout "$step" "$here/xtask" bench-collectives --device cuda --world-sizes 2,4,8 \
+  --out "$logs/collectives-gpu.json" 2>&1 | tee "$logs/collectives-gpu.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" = 0 ]; then status=ok; else status=FAILED; failed=1; fi
+targets=$(grep -E '^# target ' "$logs/collectives-gpu.log" | sed -E 's/^# target cuda_ring_([0-9]+)_ranks_vs_traffic_bound: /\1 ranks /' | paste -sd ';' -)
+printf 'bench\txtask bench-collectives --device cuda (256 MiB all_reduce over the traffic bound, >= 0.6)\t%s\t%s\n' \
+  "$status" "${targets:-exit status $rc}" >>"$results"
 
 say "PyTorch reference"
 PYTHONUNBUFFERED=1 timeout "$step" python3 "$here/gpu/torch_reference.py" --json "$logs/torch.json" \

@@ -29,6 +29,7 @@ pub const GPU_TEST_PACKAGES: &[&str] = &[
     "mirra-cuda",
     "mirra-device",
     "mirra-optim",
+    "mirra-strategy",
     "mirra-tensor",
     "mirra-train",
 ];

@@ -14,13 +14,17 @@
 //! exact in f32 (as nccl-tests chooses its data), so the check is an equality. They repeat
 //! with a period of [`PERIOD`] elements, so writing and checking a buffer runs at copy
 //! speed from one period held in cache.
+//!
+//! A group of a device backend ([`Group::spawn_on`]) keeps each rank's buffers on its
+//! device: the inputs are written on the host and copied up before the barrier (and the
+//! copy waited for), the result copied down after the timed collective and checked there.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use mirra::device::{Buffer, DType, Device};
-use mirra_collectives::{cpu_group, CollectiveError, Communicator, Config, ReduceOp};
+use mirra_collectives::{cpu_group, device_group, CollectiveError, Communicator, Config, ReduceOp};
 
 use crate::nccl::Op;
 
@@ -123,16 +127,16 @@ impl Pattern {
     }
 
     /// Writes this rank's inputs and poisons what the collective must overwrite.
-    fn fill(&self, bufs: &mut Buffers) {
+    fn fill(&self, send: &mut Buffer, recv: &mut Buffer) {
         let mine = &self.inputs[self.me];
         match self.op {
-            Op::AllReduce => fill_periodic(f32s(&mut bufs.recv), 0, mine),
+            Op::AllReduce => fill_periodic(f32s(recv), 0, mine),
             Op::ReduceScatter | Op::AllGather => {
-                fill_periodic(f32s(&mut bufs.send), 0, mine);
-                f32s(&mut bufs.recv).fill(POISON);
+                fill_periodic(f32s(send), 0, mine);
+                f32s(recv).fill(POISON);
             }
-            Op::Broadcast if self.me == 0 => fill_periodic(f32s(&mut bufs.recv), 0, mine),
-            Op::Broadcast => f32s(&mut bufs.recv).fill(POISON),
+            Op::Broadcast if self.me == 0 => fill_periodic(f32s(recv), 0, mine),
+            Op::Broadcast => f32s(recv).fill(POISON),
         }
     }
 
@@ -152,10 +156,13 @@ impl Pattern {
     }
 }
 
-/// A rank's buffers for one job: `send` is empty for the in-place collectives.
+/// A rank's buffers for one job: `send` is empty for the in-place collectives. On a
+/// device, `host` holds the host copies the inputs are written to and the results read
+/// from.
 struct Buffers {
     send: Buffer,
     recv: Buffer,
+    host: Option<(Buffer, Buffer)>,
 }
 
 fn f32s(buf: &mut Buffer) -> &mut [f32] {
@@ -164,17 +171,54 @@ fn f32s(buf: &mut Buffer) -> &mut [f32] {
 }
 
 impl Buffers {
-    fn new(op: Op, count: usize, n: usize) -> Result<Buffers, String> {
+    fn new(op: Op, count: usize, n: usize, device: Device) -> Result<Buffers, String> {
         let (send, recv) = match op {
             Op::AllReduce | Op::Broadcast => (0, count),
             Op::ReduceScatter => (count * n, count),
             Op::AllGather => (count, count * n),
         };
-        let alloc = |len| Buffer::alloc(DType::F32, len, Device::Cpu).map_err(|e| e.to_string());
+        let alloc = |len, d| Buffer::alloc(DType::F32, len, d).map_err(|e| e.to_string());
         Ok(Buffers {
-            send: alloc(send)?,
-            recv: alloc(recv)?,
+            send: alloc(send, device)?,
+            recv: alloc(recv, device)?,
+            host: match device {
+                Device::Cpu => None,
+                _ => Some((alloc(send, Device::Cpu)?, alloc(recv, Device::Cpu)?)),
+            },
         })
+    }
+
+    /// Writes the inputs through `fill` (into the host copies on a device, then copied up,
+    /// the copy waited for).
+    fn fill(&mut self, pattern: &Pattern) -> Result<(), String> {
+        let Some((send, recv)) = &mut self.host else {
+            pattern.fill(&mut self.send, &mut self.recv);
+            return Ok(());
+        };
+        pattern.fill(send, recv);
+        let device = self.recv.device();
+        let up = |b: &Buffer| b.to_device(device).map_err(|e| e.to_string());
+        self.send = up(send)?;
+        self.recv = up(recv)?;
+        if let Some(d) = self.recv.device_memory() {
+            d.runtime().synchronize().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Elements of the result that differ from `pattern`'s (read through a host copy on a
+    /// device).
+    fn wrong(&mut self, pattern: &Pattern) -> Result<u64, String> {
+        match &self.host {
+            None => Ok(pattern.wrong(f32s(&mut self.recv))),
+            Some(_) => {
+                let mut out = self
+                    .recv
+                    .to_device(Device::Cpu)
+                    .map_err(|e| e.to_string())?;
+                Ok(pattern.wrong(f32s(&mut out)))
+            }
+        }
     }
 
     fn call(&mut self, op: Op, comm: &dyn Communicator) -> Result<(), CollectiveError> {
@@ -194,16 +238,16 @@ fn wrong(op: Op, me: usize, n: usize, count: usize, out: &[f32]) -> u64 {
     Pattern::new(op, me, n, count).wrong(out)
 }
 
-/// Runs `job` on this rank.
-fn run_job(comm: &dyn Communicator, job: &Job) -> Result<RankResult, String> {
+/// Runs `job` on this rank, its buffers on `device`.
+fn run_job(comm: &dyn Communicator, job: &Job, device: Device) -> Result<RankResult, String> {
     let (me, n) = (comm.rank(), comm.world_size());
-    let mut bufs = Buffers::new(job.op, job.count, n)?;
+    let mut bufs = Buffers::new(job.op, job.count, n, device)?;
     let pattern = Pattern::new(job.op, me, n, job.count);
     let total = job.warmup + job.iters.max(1);
     let mut samples = Vec::with_capacity(job.iters);
     let mut wrong = 0;
     for it in 0..total {
-        pattern.fill(&mut bufs);
+        bufs.fill(&pattern)?;
         comm.barrier().map_err(|e| format!("barrier: {e}"))?;
         let t = Instant::now();
         bufs.call(job.op, comm).map_err(|e| e.to_string())?;
@@ -211,16 +255,21 @@ fn run_job(comm: &dyn Communicator, job: &Job) -> Result<RankResult, String> {
         if it >= job.warmup {
             samples.push(dt);
         }
-        wrong += pattern.wrong(f32s(&mut bufs.recv));
+        wrong += bufs.wrong(&pattern)?;
     }
     Ok(RankResult { samples, wrong })
 }
 
 type Reply = Result<RankResult, String>;
 
-fn rank_main(comm: Box<dyn Communicator>, jobs: Receiver<Job>, replies: Sender<Reply>) {
+fn rank_main(
+    comm: Box<dyn Communicator>,
+    device: Device,
+    jobs: Receiver<Job>,
+    replies: Sender<Reply>,
+) {
     for job in jobs {
-        let result = run_job(&*comm, &job);
+        let result = run_job(&*comm, &job, device);
         let failed = result.is_err();
         // A failed rank leaves: its communicator is dropped, and the group is aborted.
         if replies.send(result).is_err() || failed {
@@ -238,21 +287,36 @@ pub struct Group {
 }
 
 impl Group {
-    /// Spawns the `world_size` ranks of `backend`.
+    /// Spawns the `world_size` ranks of the CPU backend `backend`.
     pub fn spawn(backend: &str, world_size: usize, config: Config) -> Result<Group, String> {
         let comms = cpu_group(backend, world_size, config).map_err(|e| e.to_string())?;
+        Group::start(backend, comms, &vec![Device::Cpu; world_size])
+    }
+
+    /// Spawns one rank of the device backend `backend` per entry of `devices`.
+    pub fn spawn_on(backend: &str, devices: &[Device], config: Config) -> Result<Group, String> {
+        let comms = device_group(backend, devices, config).map_err(|e| e.to_string())?;
+        Group::start(backend, comms, devices)
+    }
+
+    fn start(
+        backend: &str,
+        comms: Vec<Box<dyn Communicator>>,
+        devices: &[Device],
+    ) -> Result<Group, String> {
+        let world_size = comms.len();
         let mut group = Group {
             jobs: Vec::with_capacity(world_size),
             replies: Vec::with_capacity(world_size),
             threads: Vec::with_capacity(world_size),
         };
-        for comm in comms {
+        for (comm, &device) in comms.into_iter().zip(devices) {
             let (job_tx, job_rx) = channel();
             let (reply_tx, reply_rx) = channel();
             let name = format!("{backend}-rank{}", comm.rank());
             let thread = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || rank_main(comm, job_rx, reply_tx))
+                .spawn(move || rank_main(comm, device, job_rx, reply_tx))
                 .map_err(|e| format!("cannot spawn a rank thread: {e}"))?;
             group.jobs.push(job_tx);
             group.replies.push(reply_rx);
@@ -494,7 +558,7 @@ mod tests {
                                 calls: std::cell::Cell::new(0),
                                 bad_call: bad_call.filter(|_| rank == 1),
                             };
-                            let r = run_job(&comm, &job).unwrap();
+                            let r = run_job(&comm, &job, Device::Cpu).unwrap();
                             assert_eq!(r.samples.len(), 3);
                             r.wrong
                         })

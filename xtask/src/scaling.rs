@@ -47,7 +47,8 @@ pub const DEFAULT_BATCH: usize = 128;
 struct Args {
     /// Model this machine: dgx-h100, dgx-a100, 4xv100-nvlink, 2gpu-nvlink-bridge,
     /// 8gpu-pcie4, 8gpu-pcie5, ib-<N>node, dgx1-v100, 2gpu-pcie4, 2gpu-pcie3,
-    /// p100-25gbe-<N>node.
+    /// p100-25gbe-<N>node; or a JSON file written by `mirra topo --json FILE` on the
+    /// machine (its device matrix: NVLink, PCIe paths, sockets).
     #[arg(long, conflicts_with_all = ["validate", "quick"])]
     topology: Option<String>,
     /// The network (modelled mode): resnet50 (default), resnet101, resnet152, vgg16,
@@ -141,10 +142,54 @@ pub(crate) fn default_replicas(devices: usize) -> Vec<usize> {
         .collect()
 }
 
+/// The machine `mirra topo --json FILE` described: its device matrix, with the device
+/// model from the first GPU's name and PCIe 5 (Hopper) or PCIe 4 links and Sapphire Rapids'
+/// inter-socket rate (`presets::from_matrix` says what is modelled how).
+fn from_topo_json(path: &str) -> Result<Topology, Failure> {
+    let bad = |why: String| usage_error(format!("--topology {path}: {why}"));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON ({e})")))?;
+    if v["schema"] != "mirra-topo/1" {
+        return Err(bad(
+            "not written by `mirra topo --json` (schema mirra-topo/1)".into(),
+        ));
+    }
+    let gpu = v["gpus"][0]["name"].as_str().unwrap_or("");
+    let device = presets::device_model_of(gpu)
+        .ok_or_else(|| bad(format!("no compute figures for a GPU named `{gpu}`")))?;
+    let links: Vec<Vec<String>> = v["links"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|row| {
+            row.as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| c.as_str().unwrap_or("?").to_string())
+                .collect()
+        })
+        .collect();
+    let pcie = if device == mirra_scaling::DeviceModel::H100 {
+        presets::PCIE5_X16_GBS
+    } else {
+        presets::PCIE4_X16_GBS
+    };
+    let name = std::path::Path::new(path)
+        .file_stem()
+        .map_or("topo".into(), |s| s.to_string_lossy().into_owned());
+    presets::from_matrix(&name, device, &links, pcie, presets::SPR_INTER_SOCKET_GBS)
+        .map_err(|e| bad(e.to_string()))
+}
+
 /// The topology, model and replica counts the options name; anything they name wrongly is
 /// a usage error.
 fn resolve(o: &Options, topology: &str) -> Result<(Topology, ModelProfile, Vec<usize>), Failure> {
-    let topo = presets::build(topology).map_err(usage_error)?;
+    let topo = if std::path::Path::new(topology).is_file() {
+        from_topo_json(topology)?
+    } else {
+        presets::build(topology).map_err(usage_error)?
+    };
     let model = if o.model == MEASURED_MODEL {
         // The model at hand, timed layer by layer on this machine.
         crate::scaling_measured::mlp_profile(o.batch, 30).map_err(Failure::run)?
@@ -830,5 +875,48 @@ mod tests {
         let gate = gating(&missed, true);
         assert_eq!(gate.len(), 1);
         assert_eq!(gate[0].name, "public");
+    }
+
+    /// `mirra topo --json`'s file of an 8-GPU NVSwitch board (every pair NV18).
+    fn topo_json(dir: &std::path::Path, gpu: &str, cell: &str) -> String {
+        let links: Vec<Vec<&str>> = (0..8)
+            .map(|a| (0..8).map(|b| if a == b { "X" } else { cell }).collect())
+            .collect();
+        let v = serde_json::json!({
+            "schema": "mirra-topo/1",
+            "gpus": (0..8).map(|i| serde_json::json!({"ordinal": i, "name": gpu})).collect::<Vec<_>>(),
+            "links": links,
+        });
+        let path = dir.join("here.json");
+        std::fs::write(&path, v.to_string()).unwrap();
+        path.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn a_topo_json_of_a_dgx_h100_predicts_what_the_preset_does() {
+        let dir = std::env::temp_dir().join(format!("xtask-topo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = topo_json(&dir, "NVIDIA H100 80GB HBM3", "NV18");
+        let o = parse(&["--topology", &path]).unwrap();
+        let (here, model, replicas) = resolve(&o, &path).unwrap();
+        let (preset, _, _) = resolve(&o, "dgx-h100").unwrap();
+        let a = predict::predict(&here, &model, &replicas, o.bucket_bytes).unwrap();
+        let b = predict::predict(&preset, &model, &replicas, o.bucket_bytes).unwrap();
+        assert_eq!(a.rows.len(), b.rows.len());
+        for (x, y) in a.rows.iter().zip(&b.rows) {
+            assert_eq!(
+                format!("{x:?}"),
+                format!("{y:?}"),
+                "from mirra topo vs the preset"
+            );
+        }
+        // A file that is not mirra topo's, or names a GPU without figures: usage errors.
+        let other = topo_json(&dir, "NVIDIA GeForce RTX 4090", "NV18");
+        let e = resolve(&parse(&["--topology", &other]).unwrap(), &other).unwrap_err();
+        assert!(format!("{e:?}").contains("no compute figures"), "{e:?}");
+        std::fs::write(&path, "{}").unwrap();
+        let e = resolve(&parse(&["--topology", &path]).unwrap(), &path).unwrap_err();
+        assert!(format!("{e:?}").contains("schema mirra-topo/1"), "{e:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

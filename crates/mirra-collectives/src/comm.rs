@@ -139,19 +139,44 @@ impl fmt::Debug for dyn Communicator {
 /// backend's CUDA event recorded after its kernels (implemented here for
 /// [`mirra_cuda::events::Event`]), or any other signal a backend can poll.
 pub trait Completion: Send {
-    /// `Ok(true)` once the collective has run, `Ok(false)` while it runs, `Err(why)` when
-    /// it failed (a faulted kernel): [`Work`] reports that as
-    /// [`CollectiveError::Device`].
-    fn poll(&self) -> std::result::Result<bool, String>;
+    /// `Ok(true)` once collective `op` of rank `rank` has run, `Ok(false)` while it runs,
+    /// the error when it failed (a faulted kernel: [`CollectiveError::Device`]; a peer
+    /// that left, a mismatch of arguments found after `start_*` returned).
+    fn poll(&self, op: Collective, rank: usize) -> Result<bool>;
 
-    /// Called when a wait on it passed its deadline, before the timeout is reported: a
-    /// backend aborts its group here. Nothing by default.
-    fn abort(&self) {}
+    /// Called when a wait on it passed its deadline `after`: a backend aborts its group
+    /// here, waits until no device still touches the collective's buffers, and returns
+    /// the error to report (by default a [`CollectiveError::Timeout`] that cannot say
+    /// which ranks are late).
+    fn expire(&self, op: Collective, rank: usize, after: Duration) -> CollectiveError {
+        CollectiveError::Timeout {
+            op,
+            rank,
+            waiting_for: Vec::new(),
+            after,
+        }
+    }
 }
 
 impl Completion for mirra_cuda::events::Event {
-    fn poll(&self) -> std::result::Result<bool, String> {
-        self.is_complete().map_err(|e| e.to_string())
+    fn poll(&self, op: Collective, rank: usize) -> Result<bool> {
+        self.is_complete().map_err(|e| CollectiveError::Device {
+            op,
+            rank,
+            reason: e.to_string(),
+        })
+    }
+
+    fn expire(&self, op: Collective, rank: usize, after: Duration) -> CollectiveError {
+        // The buffers are borrowed until the event's work has run: wait for it (a kernel
+        // without peers to wait for always finishes) before the borrow may end.
+        let _ = self.synchronize();
+        CollectiveError::Timeout {
+            op,
+            rank,
+            waiting_for: Vec::new(),
+            after,
+        }
     }
 }
 
@@ -185,26 +210,12 @@ impl Waiting<'_> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(1);
         loop {
-            match self.completion.poll() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(reason) => {
-                    return Err(CollectiveError::Device {
-                        op,
-                        rank: self.rank,
-                        reason,
-                    })
-                }
+            if self.completion.poll(op, self.rank)? {
+                return Ok(());
             }
             let waited = start.elapsed();
             if waited >= timeout {
-                self.completion.abort();
-                return Err(CollectiveError::Timeout {
-                    op,
-                    rank: self.rank,
-                    waiting_for: Vec::new(),
-                    after: timeout,
-                });
+                return Err(self.completion.expire(op, self.rank, timeout));
             }
             std::thread::sleep(pause.min(timeout - waited));
             pause = (pause * 2).min(Duration::from_micros(100));
@@ -253,7 +264,7 @@ impl<'b> Work<'b> {
     pub fn is_complete(&self) -> bool {
         self.pending
             .as_ref()
-            .is_none_or(|w| !matches!(w.completion.poll(), Ok(false)))
+            .is_none_or(|w| !matches!(w.completion.poll(self.op, w.rank), Ok(false)))
     }
 
     /// Block until the collective is complete, within the communicator's deadline.
@@ -345,14 +356,24 @@ mod tests {
     }
 
     impl Completion for Flag {
-        fn poll(&self) -> std::result::Result<bool, String> {
+        fn poll(&self, op: Collective, rank: usize) -> Result<bool> {
             if self.failed.load(Ordering::SeqCst) {
-                return Err("kernel faulted".into());
+                return Err(CollectiveError::Device {
+                    op,
+                    rank,
+                    reason: "kernel faulted".into(),
+                });
             }
             Ok(self.done.load(Ordering::SeqCst))
         }
-        fn abort(&self) {
+        fn expire(&self, op: Collective, rank: usize, after: Duration) -> CollectiveError {
             self.aborts.fetch_add(1, Ordering::SeqCst);
+            CollectiveError::Timeout {
+                op,
+                rank,
+                waiting_for: Vec::new(),
+                after,
+            }
         }
     }
 

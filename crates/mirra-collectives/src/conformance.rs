@@ -33,14 +33,84 @@ use crate::{
 
 type Comm = Box<dyn Communicator>;
 
-/// Run `body` on every rank of `comms`, each on its own thread; results in rank order. A
-/// panicking rank panics the test (after the others return).
+/// The suite runs unchanged on every backend: it makes groups by backend name
+/// ([`make_group`]) and every rank's buffers on that backend's device for the rank
+/// ([`device_for`]): host memory for the CPU backends and the tests' host executor of the
+/// device ring, `cuda:0` for the CUDA ring (all ranks on one device), `cuda:r` for NCCL.
+fn make_group(backend: &str, n: usize, config: Config) -> crate::Result<Vec<Comm>> {
+    use crate::device::host_engine::{HostEngine, NAME};
+    match backend {
+        NAME => Ok(crate::device::group::group(
+            Box::new(HostEngine { in_order: false }),
+            n,
+            config,
+        )),
+        IN_ORDER => Ok(crate::device::group::group(
+            Box::new(HostEngine { in_order: true }),
+            n,
+            config,
+        )),
+        b if BACKENDS.contains(&b) => cpu_group(b, n, config),
+        b => {
+            let devices: crate::Result<Vec<Device>> =
+                (0..n).map(|r| Ok(device_for(b, r))).collect();
+            crate::device_group(b, &devices?, config)
+        }
+    }
+}
+
+/// The host executor of the device ring running every plan in plan order (an ablation).
+const IN_ORDER: &str = "cuda-ring@host-in-order";
+
+/// Where rank `rank` of `backend` keeps its buffers.
+fn device_for(backend: &str, rank: usize) -> Device {
+    match backend {
+        "cuda-ring" => Device::cuda(0).expect("the GPU tests need cuda:0"),
+        b if b.starts_with("nccl") => Device::cuda(rank).expect("one GPU per NCCL rank"),
+        _ => Device::Cpu,
+    }
+}
+
+thread_local! {
+    /// The device of the rank this thread runs (host memory outside [`on_ranks`]).
+    static DEVICE: std::cell::Cell<Device> = const { std::cell::Cell::new(Device::Cpu) };
+}
+
+/// Make this thread put its buffers where `comm`'s rank keeps them.
+fn enter(comm: &dyn Communicator) {
+    let d = device_for(comm.backend(), comm.rank());
+    DEVICE.with(|x| x.set(d));
+}
+
+/// A copy of `b` on this thread's rank's device.
+fn on_dev(b: &Buffer) -> Buffer {
+    b.to_device(DEVICE.with(std::cell::Cell::get)).unwrap()
+}
+
+/// A host copy of `b`.
+fn host(b: &Buffer) -> Buffer {
+    b.to_device(Device::Cpu).unwrap()
+}
+
+/// The elements of `b`, read through a host copy.
+fn vals<T: Element>(b: &Buffer) -> Vec<T> {
+    host(b).as_slice::<T>().unwrap().to_vec()
+}
+
+/// Run `body` on every rank of `comms`, each on its own thread (whose buffers go to the
+/// rank's device); results in rank order. A panicking rank panics the test (after the
+/// others return).
 pub(crate) fn on_ranks<R: Send>(comms: Vec<Comm>, body: impl Fn(Comm) -> R + Sync) -> Vec<R> {
     std::thread::scope(|s| {
         let body = &body;
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|c| s.spawn(move || body(c)))
+            .map(|c| {
+                s.spawn(move || {
+                    enter(&*c);
+                    body(c)
+                })
+            })
             .collect();
         handles
             .into_iter()
@@ -50,7 +120,7 @@ pub(crate) fn on_ranks<R: Send>(comms: Vec<Comm>, body: impl Fn(Comm) -> R + Syn
 }
 
 fn group(backend: &str, n: usize) -> Vec<Comm> {
-    cpu_group(
+    make_group(
         backend,
         n,
         Config::default().with_timeout(Duration::from_secs(30)),
@@ -60,11 +130,12 @@ fn group(backend: &str, n: usize) -> Vec<Comm> {
 
 fn short(backend: &str, n: usize, timeout_ms: u64) -> Vec<Comm> {
     let cfg = Config::default().with_timeout(Duration::from_millis(timeout_ms));
-    cpu_group(backend, n, cfg).unwrap()
+    make_group(backend, n, cfg).unwrap()
 }
 
+/// `v` in a buffer on this thread's rank's device.
 fn buf<T: Element>(v: &[T]) -> Buffer {
-    Buffer::from_slice(v, Device::Cpu).unwrap()
+    Buffer::from_slice(v, DEVICE.with(std::cell::Cell::get)).unwrap()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -164,7 +235,9 @@ fn values<T: Reducible>(inputs: Inputs, op: ReduceOp, r: usize, len: usize) -> V
 }
 
 fn same<T: Reducible>(what: &str, got: &Buffer, want: &[T]) -> Result<(), String> {
-    let (g, w) = (got.as_bytes().map_err(|e| e.to_string())?, buf(want));
+    let got = &host(got);
+    let w = Buffer::from_slice(want, Device::Cpu).unwrap();
+    let g = got.as_bytes().map_err(|e| e.to_string())?;
     if got.len() != want.len() {
         return Err(format!(
             "{what}: {} elements, want {}",
@@ -307,7 +380,7 @@ fn run_grid(backend: &str, part: Part, run: &GridRun<'_>) -> Vec<String> {
     let mut failures = Vec::new();
     for &n in run.worlds {
         for &len in run.lengths {
-            let comms = cpu_group(backend, n, grid_config(n, len, run.slicing)).unwrap();
+            let comms = make_group(backend, n, grid_config(n, len, run.slicing)).unwrap();
             let results = on_ranks(comms, |comm| {
                 mutants::set(run.mutant);
                 for dtype in SUPPORTED_DTYPES {
@@ -509,24 +582,24 @@ fn prop_case<T: Reducible>(
     let slices: Vec<&[T]> = inputs.iter().map(|b| b.as_slice::<T>().unwrap()).collect();
     let mut config = Config::default().with_timeout(Duration::from_secs(30));
     config.slice_bytes = slice_bytes;
-    let comms = cpu_group(backend, n, config).map_err(|e| e.to_string())?;
+    let comms = make_group(backend, n, config).map_err(|e| e.to_string())?;
     let outs = on_ranks(comms, |comm| -> Result<Buffer, String> {
         let r = comm.rank();
         match kind {
             Prop::AllReduce | Prop::Reduce(_) => {
-                let mut b = inputs[r].clone();
+                let mut b = on_dev(&inputs[r]);
                 match kind {
                     Prop::Reduce(root) => comm.reduce(&mut b, op, root % n),
                     _ => comm.all_reduce(&mut b, op),
                 }
                 .map_err(|e| e.to_string())?;
-                Ok(b)
+                Ok(host(&b))
             }
             Prop::ReduceScatter => {
-                let mut recv = Buffer::zeros(T::DTYPE, count, Device::Cpu).unwrap();
-                comm.reduce_scatter(&inputs[r], &mut recv, op)
+                let mut recv = on_dev(&Buffer::zeros(T::DTYPE, count, Device::Cpu).unwrap());
+                comm.reduce_scatter(&on_dev(&inputs[r]), &mut recv, op)
                     .map_err(|e| e.to_string())?;
-                Ok(recv)
+                Ok(host(&recv))
             }
         }
     });
@@ -626,7 +699,7 @@ fn mismatches(backend: &str) {
         // An argument error leaves the group usable.
         let mut ok = buf(&[1.0f32; 4]);
         c.all_reduce(&mut ok, ReduceOp::Sum).unwrap();
-        assert_eq!(ok.as_slice::<f32>().unwrap(), &[3.0; 4]);
+        assert_eq!(vals::<f32>(&ok), [3.0; 4]);
         res
     }));
     for e in &errs {
@@ -885,6 +958,7 @@ fn rank_panics(backend: &str) {
             .into_iter()
             .map(|c| {
                 s.spawn(move || {
+                    enter(&*c);
                     let mut b = buf(&[2i64; 100]);
                     if c.rank() == 3 {
                         std::thread::sleep(Duration::from_millis(30));
@@ -959,7 +1033,7 @@ fn abort(backend: &str) {
 /// one checked): each rank stops within its current slice, waits for the others to leave
 /// its buffers and returns Aborted.
 fn abort_mid_stream(backend: &str) {
-    let comms = cpu_group(
+    let comms = make_group(
         backend,
         4,
         Config::default()
@@ -989,7 +1063,7 @@ fn abort_mid_stream(backend: &str) {
                 }
                 // A fresh buffer each time, freed right after: a peer still reading a freed
                 // buffer would read garbage (or fault), not the sums checked here.
-                assert!(b.as_slice::<f32>().unwrap() == want, "iteration {done}");
+                assert!(vals::<f32>(&b) == want, "iteration {done}");
                 b = fresh();
             }
         })
@@ -1018,9 +1092,9 @@ fn several_in_flight(backend: &str) {
         (a, b, d)
     });
     for (a, b, d) in results {
-        assert_eq!(a.as_slice::<f32>().unwrap(), &[6.0; 10]);
-        assert_eq!(b.as_slice::<f32>().unwrap(), &[4.0; 1000]);
-        assert_eq!(d.as_slice::<f32>().unwrap(), &[2.0; 3]);
+        assert_eq!(vals::<f32>(&a), [6.0; 10]);
+        assert_eq!(vals::<f32>(&b), [4.0; 1000]);
+        assert_eq!(vals::<f32>(&d), [2.0; 3]);
     }
 }
 
@@ -1044,14 +1118,14 @@ fn submitted(backend: &str) {
         c.all_reduce(&mut b, ReduceOp::Max).unwrap();
         let submitted: Vec<Vec<f32>> = pending
             .into_iter()
-            .map(|p| p.wait().unwrap().as_slice::<f32>().unwrap().to_vec())
+            .map(|p| vals::<f32>(&p.wait().unwrap()))
             .collect();
         let blocking: Vec<Vec<f32>> = inputs
             .iter()
             .map(|v| {
                 let mut x = buf(v);
                 c.all_reduce(&mut x, ReduceOp::Sum).unwrap();
-                x.as_slice::<f32>().unwrap().to_vec()
+                vals::<f32>(&x)
             })
             .collect();
         // A Pending dropped unwaited still completes on every rank.
@@ -1062,13 +1136,8 @@ fn submitted(backend: &str) {
         let p = c
             .submit_all_reduce(buf(&[r as f64; 3]), ReduceOp::Mean)
             .unwrap();
-        let last = p.wait().unwrap().as_slice::<f64>().unwrap().to_vec();
-        (
-            b.as_slice::<i32>().unwrap().to_vec(),
-            submitted,
-            blocking,
-            last,
-        )
+        let last = vals::<f64>(&p.wait().unwrap());
+        (vals::<i32>(&b), submitted, blocking, last)
     });
     let first = &results[0];
     for (max, submitted, blocking, last) in &results {
@@ -1156,6 +1225,52 @@ fn the_grid_cuts_every_chunk_into_many_slices() {
 fn every_backend_runs_the_suite() {
     // Adding a backend to BACKENDS without adding it to `suite!` below fails here.
     assert_eq!(BACKENDS, &["ring", "tree", "reduce-to-one", "direct"]);
+    assert_eq!(
+        crate::DEVICE_BACKENDS,
+        &["cuda-ring", "nccl-ring", "nccl-tree"]
+    );
+}
+
+/// The device ring's plans under deliberate bugs: a slice boundary off by one fails the
+/// grid (and passes a grid whose buffers are one slice each); a plan without its waits
+/// between streams fails the grid when the host executor runs steps in random dependency
+/// order (and passes when it runs them in plan order, which is why it runs them
+/// randomly). The second needs the host executor: on a GPU, whether a missing wait shows
+/// depends on timing.
+fn plans_catch_broken_schedules(backend: &str) {
+    let (worlds, lengths) = ([3, 4], [100, 1000]);
+    let run = |backend: &str, slicing, mutant| {
+        let run = GridRun {
+            inputs: Inputs::PerRank,
+            slicing,
+            worlds: &worlds,
+            lengths: &lengths,
+            mutant: Some(mutant),
+        };
+        PARTS
+            .iter()
+            .map(|&part| run_grid(backend, part, &run).len())
+            .collect::<Vec<_>>()
+    };
+    let caught = run(backend, Slicing::Many, Mutant::SliceOffset);
+    assert!(
+        caught.iter().all(|&f| f > 0),
+        "{backend}: SliceOffset passes: {caught:?}"
+    );
+    let missed = run(backend, Slicing::OnePerBuffer, Mutant::SliceOffset);
+    assert!(
+        missed.iter().all(|&f| f == 0),
+        "{backend}: one slice per buffer caught it: {missed:?}"
+    );
+    if backend == crate::device::host_engine::NAME {
+        let caught = run(backend, Slicing::Many, Mutant::MissingWait);
+        assert!(
+            caught[0] > 0 && caught[1] > 0,
+            "{backend}: MissingWait passes: {caught:?}"
+        );
+        let missed = run(IN_ORDER, Slicing::Many, Mutant::MissingWait);
+        assert!(missed.iter().all(|&f| f == 0), "in plan order: {missed:?}");
+    }
 }
 
 #[test]
@@ -1188,71 +1303,242 @@ fn abort_handles_are_send_sync_and_clone() {
 }
 
 macro_rules! suite {
-    ($($name:ident => $backend:literal),* $(,)?) => {$(
+    ($(#[$attr:meta])* $name:ident => $backend:expr) => {
         mod $name {
             use super::*;
             #[test]
+            $(#[$attr])*
             fn grid_all_reduce() {
                 grid($backend, Part::AllReduce);
             }
             #[test]
+            $(#[$attr])*
             fn grid_reduce_scatter_all_gather_barrier() {
                 grid($backend, Part::ScatterGather);
             }
             #[test]
+            $(#[$attr])*
             fn grid_broadcast_and_reduce_from_every_root() {
                 grid($backend, Part::Rooted);
             }
             #[test]
-            fn grid_catches_broken_schedules() {
-                super::grid_catches_broken_schedules($backend);
-            }
-            #[test]
+            $(#[$attr])*
             fn matches_the_reference() {
                 proptest_backend($backend);
             }
             #[test]
+            $(#[$attr])*
             fn mismatched_arguments_fail_on_every_rank() {
                 mismatches($backend);
             }
             #[test]
+            $(#[$attr])*
             fn invalid_arguments_fail_on_every_rank() {
                 bad_arguments($backend);
             }
             #[test]
+            $(#[$attr])*
             fn a_rank_that_never_calls_times_out_the_others() {
                 deadline($backend);
             }
             #[test]
+            $(#[$attr])*
             fn a_rank_that_leaves_fails_the_others() {
                 rank_leaves($backend);
             }
             #[test]
+            $(#[$attr])*
             fn a_rank_that_panics_fails_the_others() {
                 rank_panics($backend);
             }
             #[test]
+            $(#[$attr])*
             fn abort_fails_pending_and_later_calls() {
                 abort($backend);
             }
             #[test]
+            $(#[$attr])*
             fn abort_stops_ranks_mid_stream() {
                 abort_mid_stream($backend);
             }
             #[test]
+            $(#[$attr])*
             fn several_collectives_in_flight() {
                 several_in_flight($backend);
             }
             #[test]
+            $(#[$attr])*
             fn submitted_collectives_progress_in_the_background() {
                 submitted($backend);
             }
             #[test]
+            $(#[$attr])*
             fn submitted_collectives_report_errors_on_wait() {
                 submitted_errors($backend);
             }
         }
-    )*};
+    };
 }
 
-suite!(ring => "ring", tree => "tree", reduce_to_one => "reduce-to-one", direct => "direct");
+suite!(ring => "ring");
+suite!(tree => "tree");
+suite!(reduce_to_one => "reduce-to-one");
+suite!(direct => "direct");
+// The CUDA ring's plans, verdict and failure model, run on host memory in random
+// dependency order: what the GPU suite below checks, minus the CUDA calls.
+suite!(cuda_ring_on_host => crate::device::host_engine::NAME);
+suite!(
+    #[ignore = "needs a CUDA device"]
+    cuda_ring => "cuda-ring"
+);
+// NCCL runs one rank per GPU (the grid goes up to 8 ranks) and reads NCCL_ALGO once per
+// process: the GPU script runs each module in a process of its own with NCCL_ALGO set,
+// where the machine has eight GPUs (ci/gpu-check.sh skips `_on_8_gpus` otherwise). Never
+// run: no machine with more than one GPU has been lent.
+suite!(
+    #[ignore = "needs 8 GPUs"]
+    nccl_ring_on_8_gpus => "nccl-ring"
+);
+suite!(
+    #[ignore = "needs 8 GPUs"]
+    nccl_tree_on_8_gpus => "nccl-tree"
+);
+
+/// NCCL in child processes of this test binary, each started with `NCCL_ALGO` and NCCL's
+/// log (`NCCL_DEBUG=INFO`, subsystems ENV and TUNING, to a file) in its environment: the
+/// only sound way to give NCCL its algorithm (see `device/nccl.rs`).
+mod nccl_in_child_processes {
+    use super::*;
+    use crate::device::nccl::ALGORITHMS;
+
+    /// The variable that tells [`child_process_of_the_nccl_tests`] which backend to run.
+    const CHILD: &str = "MIRRA_NCCL_CHILD";
+
+    /// Runs the child test for `backend` with `NCCL_ALGO=algo`; NCCL's log.
+    fn run_child(backend: &str, algo: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("mirra-nccl-{}-{backend}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("nccl.log");
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "conformance::nccl_in_child_processes::child_process_of_the_nccl_tests",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CHILD, backend)
+            .env("NCCL_ALGO", algo)
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "ENV,TUNING")
+            .env("NCCL_DEBUG_FILE", &log)
+            .output()
+            .unwrap();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            out.status.success(),
+            "{backend} child failed:\n{}\n{}\nNCCL log:\n{text}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        text
+    }
+
+    /// The child: every collective of the grid on one rank; with two GPUs, an all-reduce
+    /// of 4 MiB on two ranks (whose algorithm NCCL logs); with one, two ranks on one GPU
+    /// are refused with an error that says why.
+    #[test]
+    #[ignore = "run by the tests of this module, in a child process"]
+    fn child_process_of_the_nccl_tests() {
+        let backend = std::env::var(CHILD).expect("run by the tests of this module");
+        let backend: &'static str = ALGORITHMS
+            .iter()
+            .map(|(b, _)| *b)
+            .find(|b| *b == backend)
+            .expect("an NCCL backend");
+        let run = GridRun {
+            inputs: Inputs::PerRank,
+            slicing: Slicing::Many,
+            worlds: &[1],
+            lengths: &LENGTHS,
+            mutant: None,
+        };
+        for part in PARTS {
+            let failures = run_grid(backend, part, &run);
+            assert!(failures.is_empty(), "{}", failures.join("\n"));
+        }
+        let gpu = Device::cuda(0).unwrap();
+        if mirra_cuda::device_count().unwrap_or(0) >= 2 {
+            let comms = make_group(backend, 2, Config::default()).unwrap();
+            let sums = on_ranks(comms, |c| {
+                let mut b = buf(&vec![c.rank() as f32 + 1.0; 1 << 20]);
+                c.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+                vals::<f32>(&b)
+            });
+            assert!(sums.iter().all(|v| v.iter().all(|&x| x == 3.0)));
+        } else {
+            let e = crate::device_group(backend, &[gpu, gpu], Config::default()).unwrap_err();
+            assert!(e.to_string().contains("NCCL runs one rank per GPU"), "{e}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn one_rank_runs_every_collective_and_nccl_reads_the_pinned_algorithm() {
+        for (backend, algo) in ALGORITHMS {
+            let log = run_child(backend, algo);
+            assert!(
+                log.contains(&format!("NCCL_ALGO set by environment to {algo}")),
+                "{backend}: NCCL's log does not show NCCL_ALGO={algo}:\n{log}"
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "needs 2 GPUs"]
+    fn the_algorithm_nccl_ran_on_2_gpus_is_the_pinned_one() {
+        for (backend, algo) in ALGORITHMS {
+            let log = run_child(backend, algo);
+            // `AllReduce: 4194304 Bytes -> Algo TREE proto SIMPLE channel{Lo..Hi}=...`
+            let algos: Vec<&str> = log
+                .lines()
+                .filter_map(|l| l.split_once("AllReduce: 4194304 Bytes -> Algo "))
+                .filter_map(|(_, rest)| rest.split_whitespace().next())
+                .collect();
+            assert!(
+                !algos.is_empty() && algos.iter().all(|a| a.eq_ignore_ascii_case(algo)),
+                "{backend}: NCCL ran {algos:?}:\n{log}"
+            );
+        }
+    }
+}
+
+/// Each backend's schedules under deliberate bugs (NCCL's are NCCL's own).
+mod schedules {
+    use super::*;
+    #[test]
+    fn ring() {
+        grid_catches_broken_schedules("ring");
+    }
+    #[test]
+    fn tree() {
+        grid_catches_broken_schedules("tree");
+    }
+    #[test]
+    fn reduce_to_one() {
+        grid_catches_broken_schedules("reduce-to-one");
+    }
+    #[test]
+    fn direct() {
+        grid_catches_broken_schedules("direct");
+    }
+    #[test]
+    fn cuda_ring_on_host() {
+        plans_catch_broken_schedules(crate::device::host_engine::NAME);
+    }
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn cuda_ring() {
+        plans_catch_broken_schedules("cuda-ring");
+    }
+}

@@ -31,11 +31,13 @@ use crate::algo::{self, Algorithm, BACKENDS};
 use crate::collective::Collective;
 use crate::comm::{AbortHandle, Communicator, Work};
 use crate::config::Config;
+use crate::described::Described;
 use crate::error::{CollectiveError, Result};
 use crate::pending::Pending;
 use crate::progress::Progress;
-use crate::reduce::{ReduceOp, SUPPORTED_DTYPES};
+use crate::reduce::ReduceOp;
 use crate::transport::{Cause, Ctx, Desc, Group, Place, Stop, MAX_WORLD_SIZE};
+use crate::verdict::{verdict, Accepts};
 
 /// Make a group of `world_size` communicators whose ranks are threads of this process,
 /// running the algorithm named `backend` (one of [`BACKENDS`]). Element `r` is rank `r`:
@@ -142,7 +144,9 @@ impl Rank {
         if let Err(stop) = g.wait_posted(me, seq, deadline) {
             return Err(self.fail(guard, kind, stop));
         }
-        if let Err(e) = verdict(g, seq, kind, self.algo.name()) {
+        let posted = |p: usize| g.posted_desc(p, seq);
+        let host = |_: usize| Accepts(Place::Cpu);
+        if let Err(e) = verdict(g.world_size(), &posted, kind, self.algo.name(), &host) {
             guard.disarm();
             return Err(e);
         }
@@ -196,7 +200,7 @@ impl Rank {
     }
 }
 
-impl CpuCommunicator {
+impl Described for CpuCommunicator {
     fn start(&self, desc: Desc) -> Result<Work<'_>> {
         if let Some(p) = &*self.progress.borrow() {
             p.drain();
@@ -204,53 +208,7 @@ impl CpuCommunicator {
         let kind = desc.kind;
         self.rank.run(desc).map(|()| Work::completed(kind))
     }
-}
 
-/// The host address of a buffer's bytes; null for a buffer on a device, which the group's
-/// verdict refuses on every rank (`UnsupportedDevice`) before any pointer is used.
-fn host_ptr(buf: &Buffer) -> *const u8 {
-    buf.as_bytes().map_or(std::ptr::null(), <[u8]>::as_ptr)
-}
-
-fn host_ptr_mut(buf: &mut Buffer) -> *mut u8 {
-    buf.as_bytes_mut()
-        .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr)
-}
-
-fn inplace(kind: Collective, buf: &mut Buffer, op: ReduceOp, root: usize) -> Desc {
-    let ptr = host_ptr_mut(buf);
-    Desc {
-        kind,
-        op,
-        root,
-        dtype_in: buf.dtype(),
-        dtype_out: buf.dtype(),
-        dev_in: Place::of(buf.device()),
-        dev_out: Place::of(buf.device()),
-        len_in: buf.len(),
-        len_out: buf.len(),
-        src: ptr.cast_const(),
-        dst: ptr,
-    }
-}
-
-fn send_recv(kind: Collective, send: &Buffer, recv: &mut Buffer, op: ReduceOp) -> Desc {
-    Desc {
-        kind,
-        op,
-        root: 0,
-        dtype_in: send.dtype(),
-        dtype_out: recv.dtype(),
-        dev_in: Place::of(send.device()),
-        dev_out: Place::of(recv.device()),
-        len_in: send.len(),
-        len_out: recv.len(),
-        src: host_ptr(send),
-        dst: host_ptr_mut(recv),
-    }
-}
-
-impl Communicator for CpuCommunicator {
     fn rank(&self) -> usize {
         self.rank.rank
     }
@@ -275,44 +233,10 @@ impl Communicator for CpuCommunicator {
         }
         let rank = Arc::clone(&self.rank);
         let job = Box::new(move || {
-            rank.run(inplace(kind, &mut buf, op, 0))?;
+            rank.run(Desc::in_place(kind, &mut buf, op, 0))?;
             Ok(buf)
         });
         Ok(progress.as_ref().expect("started above").submit(kind, job))
-    }
-
-    fn start_all_reduce<'b>(&'b self, buf: &'b mut Buffer, op: ReduceOp) -> Result<Work<'b>> {
-        self.start(inplace(Collective::AllReduce, buf, op, 0))
-    }
-
-    fn start_reduce_scatter<'b>(
-        &'b self,
-        send: &'b Buffer,
-        recv: &'b mut Buffer,
-        op: ReduceOp,
-    ) -> Result<Work<'b>> {
-        self.start(send_recv(Collective::ReduceScatter, send, recv, op))
-    }
-
-    fn start_all_gather<'b>(&'b self, send: &'b Buffer, recv: &'b mut Buffer) -> Result<Work<'b>> {
-        self.start(send_recv(Collective::AllGather, send, recv, ReduceOp::Sum))
-    }
-
-    fn start_broadcast<'b>(&'b self, buf: &'b mut Buffer, root: usize) -> Result<Work<'b>> {
-        self.start(inplace(Collective::Broadcast, buf, ReduceOp::Sum, root))
-    }
-
-    fn start_reduce<'b>(
-        &'b self,
-        buf: &'b mut Buffer,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<Work<'b>> {
-        self.start(inplace(Collective::Reduce, buf, op, root))
-    }
-
-    fn start_barrier(&self) -> Result<Work<'_>> {
-        self.start(Desc::empty(Collective::Barrier))
     }
 }
 
@@ -326,139 +250,4 @@ impl Drop for CpuCommunicator {
         drop(self.progress.get_mut().take());
         self.rank.group.abort_with(Cause::RankGone(self.rank.rank));
     }
-}
-
-/// The first rank whose `get` differs from rank 0's, with the rank it is compared with:
-/// `(offender, reference)`. When rank 0 alone differs from all others (n >= 3), rank 0 is
-/// the offender.
-fn odd_one<V: PartialEq>(n: usize, get: impl Fn(usize) -> V) -> Option<(usize, usize)> {
-    let first = get(0);
-    let p = (1..n).find(|&p| get(p) != first)?;
-    if n >= 3 && p == 1 && (2..n).all(|q| get(q) == get(1)) {
-        Some((0, 1))
-    } else {
-        Some((p, 0))
-    }
-}
-
-/// Check every rank's posted metadata for collective `seq`. Every rank runs the same
-/// checks on the same data in the same order, so all ranks reach the same verdict (only
-/// `op`, the caller's own collective, can differ between their errors).
-fn verdict(g: &Group, seq: u64, op: Collective, backend: &'static str) -> Result<()> {
-    let n = g.world_size();
-    let d = |p: usize| g.posted_desc(p, seq);
-    if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).kind) {
-        return Err(CollectiveError::CollectiveMismatch {
-            op,
-            rank,
-            started: d(rank).kind,
-            ref_rank,
-            ref_started: d(ref_rank).kind,
-        });
-    }
-    let kind = d(0).kind;
-    if kind == Collective::Barrier {
-        return Ok(());
-    }
-    for rank in 0..n {
-        let x = d(rank);
-        for dev in [x.dev_in, x.dev_out] {
-            if dev != Place::Cpu {
-                return Err(CollectiveError::UnsupportedDevice {
-                    op,
-                    rank,
-                    device: dev.to_string(),
-                    backend,
-                });
-            }
-        }
-        for dtype in [x.dtype_in, x.dtype_out] {
-            if !SUPPORTED_DTYPES.contains(&dtype) {
-                return Err(CollectiveError::UnsupportedDType { op, rank, dtype });
-            }
-        }
-        if x.dtype_in != x.dtype_out {
-            return Err(CollectiveError::SendRecvDType {
-                op,
-                rank,
-                send: x.dtype_in,
-                recv: x.dtype_out,
-            });
-        }
-        let sizes_ok = match kind {
-            Collective::ReduceScatter => Some(x.len_in) == x.len_out.checked_mul(n),
-            Collective::AllGather => Some(x.len_out) == x.len_in.checked_mul(n),
-            _ => true,
-        };
-        if !sizes_ok {
-            return Err(CollectiveError::BufferSizes {
-                op,
-                rank,
-                send_len: x.len_in,
-                recv_len: x.len_out,
-                world_size: n,
-            });
-        }
-        if matches!(kind, Collective::Broadcast | Collective::Reduce) && x.root >= n {
-            return Err(CollectiveError::RootOutOfRange {
-                op,
-                rank,
-                root: x.root,
-                world_size: n,
-            });
-        }
-    }
-    if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).dtype_in) {
-        return Err(CollectiveError::DTypeMismatch {
-            op,
-            rank,
-            dtype: d(rank).dtype_in,
-            ref_rank,
-            ref_dtype: d(ref_rank).dtype_in,
-        });
-    }
-    // The per-rank count: recv for reduce-scatter, send otherwise.
-    let count = |p: usize| {
-        let x = d(p);
-        if kind == Collective::ReduceScatter {
-            x.len_out
-        } else {
-            x.len_in
-        }
-    };
-    if let Some((rank, ref_rank)) = odd_one(n, count) {
-        return Err(CollectiveError::LengthMismatch {
-            op,
-            rank,
-            len: count(rank),
-            ref_rank,
-            ref_len: count(ref_rank),
-        });
-    }
-    if matches!(
-        kind,
-        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-    ) {
-        if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).op) {
-            return Err(CollectiveError::ReduceOpMismatch {
-                op,
-                rank,
-                reduce_op: d(rank).op,
-                ref_rank,
-                ref_reduce_op: d(ref_rank).op,
-            });
-        }
-    }
-    if matches!(kind, Collective::Broadcast | Collective::Reduce) {
-        if let Some((rank, ref_rank)) = odd_one(n, |p| d(p).root) {
-            return Err(CollectiveError::RootMismatch {
-                op,
-                rank,
-                root: d(rank).root,
-                ref_rank,
-                ref_root: d(ref_rank).root,
-            });
-        }
-    }
-    Ok(())
 }

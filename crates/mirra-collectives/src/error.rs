@@ -139,7 +139,9 @@ pub enum CollectiveError {
         dtype: DType,
     },
     /// A buffer on a device this backend cannot reach.
-    #[error("{op}: rank {rank} passed a buffer on {device}, but backend `{backend}` moves host buffers only")]
+    #[error(
+        "{op}: rank {rank} passed a buffer on {device}, but backend `{backend}` moves {accepts}"
+    )]
     UnsupportedDevice {
         /// The collective.
         op: Collective,
@@ -149,6 +151,9 @@ pub enum CollectiveError {
         device: String,
         /// The backend.
         backend: &'static str,
+        /// The buffers it moves (`host buffers only`, `buffers on the rank's device
+        /// (cuda:1) only`).
+        accepts: String,
     },
     /// The send and receive buffers of one rank do not fit each other: reduce-scatter needs
     /// `send = world_size x recv` elements, all-gather `recv = world_size x send`.

@@ -36,8 +36,9 @@
 
 // The modules stand in layers; each uses only modules of the layers before it:
 // 1. collective, config, reduce, sync (and, in tests, mutants): no crate imports;
-// 2. error; 3. pending; 4. comm; 5. noop, progress, transport; 6. algo (its own layers:
-// see algo/mod.rs); 7. cpu; 8. in tests, reference, then conformance.
+// 2. error; 3. pending; 4. comm; 5. noop, progress, transport; 6. described, verdict;
+// 7. algo (its own layers: see algo/mod.rs); 8. cpu, device (its own layers: see
+// device/mod.rs); 9. in tests, reference, then conformance.
 mod algo;
 mod collective;
 mod comm;
@@ -45,6 +46,8 @@ mod config;
 #[cfg(test)]
 mod conformance;
 mod cpu;
+mod described;
+mod device;
 mod error;
 #[cfg(test)]
 mod mutants;
@@ -55,6 +58,7 @@ mod reduce;
 #[cfg(test)]
 mod reference;
 mod transport;
+mod verdict;
 
 pub use algo::BACKENDS;
 pub use collective::Collective;
@@ -63,6 +67,7 @@ pub use config::{
     Config, DEFAULT_PARK_AFTER, DEFAULT_SLICE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, MIN_SLICE_BYTES,
 };
 pub use cpu::cpu_group;
+pub use device::{cuda_ring_traffic, device_group, DEVICE_BACKENDS};
 pub use error::{CollectiveError, Result};
 pub use noop::{noop_group, NOOP};
 pub use pending::Pending;

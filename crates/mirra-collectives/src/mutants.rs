@@ -17,6 +17,9 @@ pub(crate) enum Mutant {
     /// A reduction of several sources reads its first source again instead of its last.
     /// Invisible when every rank holds the same input.
     RepeatedSource,
+    /// The device ring's plans drop every dependency between streams: a step may run
+    /// before the step that wrote what it reads. Invisible when steps run in plan order.
+    MissingWait,
 }
 
 thread_local! {

@@ -121,6 +121,7 @@ pub fn reduce_scatter(inputs: &[&Buffer], op: ReduceOp) -> Result<Vec<Buffer>> {
                     rank: r,
                     device: full.device().to_string(),
                     backend: "reference",
+                    accepts: "host buffers only".into(),
                 }
             })?;
             b.as_bytes_mut().expect("a host buffer").copy_from_slice(
@@ -141,6 +142,7 @@ pub fn all_gather(inputs: &[&Buffer]) -> Result<Buffer> {
             rank: 0,
             device: device.to_string(),
             backend: "reference",
+            accepts: "host buffers only".into(),
         }
     })?;
     let bytes = len * dtype.size_in_bytes();

@@ -25,7 +25,7 @@ use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Or
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use mirra_device::{DType, Device};
+use mirra_device::{Buffer, DType, Device};
 
 use crate::collective::Collective;
 use crate::comm::Abortable;
@@ -122,7 +122,67 @@ pub(crate) struct Desc {
     pub dst: *mut u8,
 }
 
+/// Where `buf`'s elements are: the host address of a host buffer, the device address of
+/// a device buffer (as a pointer: never dereferenced on the host; the CPU backends' verdict
+/// refuses device buffers before any pointer is used).
+fn address(buf: &Buffer) -> *const u8 {
+    match buf.device_memory() {
+        Some(d) => d.ptr() as usize as *const u8,
+        None => buf.as_bytes().map_or(std::ptr::null(), <[u8]>::as_ptr),
+    }
+}
+
+/// [`address`], for a buffer the collective writes.
+fn address_mut(buf: &mut Buffer) -> *mut u8 {
+    match buf.device_memory() {
+        Some(d) => d.ptr() as usize as *mut u8,
+        None => buf
+            .as_bytes_mut()
+            .map_or(std::ptr::null_mut(), <[u8]>::as_mut_ptr),
+    }
+}
+
 impl Desc {
+    /// An in-place collective of `kind` on `buf` (all-reduce, broadcast, reduce).
+    pub(crate) fn in_place(kind: Collective, buf: &mut Buffer, op: ReduceOp, root: usize) -> Desc {
+        let ptr = address_mut(buf);
+        Desc {
+            kind,
+            op,
+            root,
+            dtype_in: buf.dtype(),
+            dtype_out: buf.dtype(),
+            dev_in: Place::of(buf.device()),
+            dev_out: Place::of(buf.device()),
+            len_in: buf.len(),
+            len_out: buf.len(),
+            src: ptr.cast_const(),
+            dst: ptr,
+        }
+    }
+
+    /// A collective of `kind` from `send` into `recv` (reduce-scatter, all-gather).
+    pub(crate) fn send_recv(
+        kind: Collective,
+        send: &Buffer,
+        recv: &mut Buffer,
+        op: ReduceOp,
+    ) -> Desc {
+        Desc {
+            kind,
+            op,
+            root: 0,
+            dtype_in: send.dtype(),
+            dtype_out: recv.dtype(),
+            dev_in: Place::of(send.device()),
+            dev_out: Place::of(recv.device()),
+            len_in: send.len(),
+            len_out: recv.len(),
+            src: address(send),
+            dst: address_mut(recv),
+        }
+    }
+
     /// A collective without buffers (barrier).
     pub(crate) fn empty(kind: Collective) -> Desc {
         Desc {

@@ -19,7 +19,9 @@
 //! - [`events`]: more streams on a device and the events that order work across them,
 //!   tell the host that queued work has run, and time it on the device;
 //! - [`probe`]: the GPU probe that `cargo xtask gpu-probe` runs first on a lent GPU
-//!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL).
+//!   machine (libraries, context, a 1 GiB round trip, cuBLAS, an NVRTC kernel, NCCL);
+//! - [`topology`]: how the machine's GPUs are connected (`mirra topo`: NVLink from NVML,
+//!   PCIe paths from sysfs, peer access).
 
 pub mod allocator;
 pub mod devices;
@@ -29,6 +31,7 @@ pub mod kernels;
 pub mod library;
 pub mod probe;
 pub mod runtime;
+pub mod topology;
 
 pub use devices::{check_device, device_count};
 pub use error::{CudaError, Result};

@@ -19,11 +19,11 @@ use crate::kernels::Kernels;
 use crate::library::{self, Library};
 use crate::{devices, CudaError, Result};
 
-/// Launches mirra kernel `name` (`<kernel>_<dtype>`) on a [`Runtime`]'s stream: `grid n`
-/// (or just `n`) is a grid-stride launch over `n` elements ([`Kernels::grid`]), `per_line n`
-/// one block per line of `n` lines ([`Kernels::per_line`]); the closure's block pushes the
-/// kernel's arguments in the order and types of its source (`kernels/*.cu`). Evaluates to
-/// `mirra_cuda::Result<()>`.
+/// Launches mirra kernel `name` (`<kernel>_<dtype>`) on a [`Runtime`]'s stream (or, with
+/// `on stream`, on another stream of its device): `grid n` (or just `n`) is a grid-stride
+/// launch over `n` elements ([`Kernels::grid`]), `per_line n` one block per line of `n`
+/// lines ([`Kernels::per_line`]); the closure's block pushes the kernel's arguments in the
+/// order and types of its source (`kernels/*.cu`). Evaluates to `mirra_cuda::Result<()>`.
 ///
 /// The launch is `unsafe` underneath: the caller's arguments must be the kernel's
 /// parameters, pointers to device memory of the sizes the kernel indexes.
@@ -32,18 +32,26 @@ use crate::{devices, CudaError, Result};
 /// [`Kernels::per_line`]: crate::kernels::Kernels::per_line
 #[macro_export]
 macro_rules! launch {
+    ($rt:expr, on $stream:expr, $name:expr, $n:expr, |$l:ident| $push:block) => {
+        $crate::launch!(@on $rt, $stream, $name, grid $n, |$l| $push)
+    };
     ($rt:expr, $name:expr, $n:expr, |$l:ident| $push:block) => {
         $crate::launch!($rt, $name, grid $n, |$l| $push)
     };
     ($rt:expr, $name:expr, $how:ident $n:expr, |$l:ident| $push:block) => {{
+        let rt: &$crate::runtime::Runtime = &$rt;
+        $crate::launch!(@on rt, rt.stream(), $name, $how $n, |$l| $push)
+    }};
+    (@on $rt:expr, $stream:expr, $name:expr, $how:ident $n:expr, |$l:ident| $push:block) => {{
         #[allow(unused_imports)]
         use $crate::cudarc::driver::PushKernelArg as _;
         let rt: &$crate::runtime::Runtime = &$rt;
+        let stream: &$crate::cudarc::driver::CudaStream = &$stream;
         (|| -> $crate::Result<()> {
             let kernels = rt.kernels()?;
             let f = kernels.function(&$name)?;
             let cfg = kernels.$how($n);
-            let mut $l = rt.stream().launch_builder(&f);
+            let mut $l = stream.launch_builder(&f);
             $push
             // SAFETY: the macro's contract: the caller pushes the kernel's parameters in its
             // order and types, pointers to device buffers of the sizes the kernel indexes.

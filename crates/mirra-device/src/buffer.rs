@@ -146,19 +146,7 @@ impl Buffer {
 
     /// Copy the contents of `src` (same device, dtype and length) into this buffer.
     pub fn copy_from(&mut self, src: &Buffer) -> Result<()> {
-        if self.device != src.device {
-            return Err(DeviceError::DeviceMismatch {
-                op: "copy_from",
-                lhs: self.device,
-                rhs: src.device,
-            });
-        }
-        if self.dtype != src.dtype {
-            return Err(DeviceError::DTypeMismatch {
-                actual: self.dtype,
-                requested: src.dtype,
-            });
-        }
+        self.check_same_kind("copy_from", src)?;
         if self.len != src.len {
             return Err(DeviceError::LengthMismatch {
                 op: "copy_from",
@@ -170,6 +158,47 @@ impl Buffer {
             (Storage::Cuda(d), Storage::Cuda(s)) => Ok(d.copy_from(s)?),
             _ => {
                 self.as_bytes_mut()?.copy_from_slice(src.as_bytes()?);
+                Ok(())
+            }
+        }
+    }
+
+    /// Copy `len` elements of `src` from element `src_at` into this buffer at element
+    /// `at` (same device and dtype; on a CUDA device, in its stream's order): a gradient
+    /// into its place in a flat bucket.
+    pub fn copy_range_from(
+        &mut self,
+        at: usize,
+        src: &Buffer,
+        src_at: usize,
+        len: usize,
+    ) -> Result<()> {
+        const OP: &str = "copy_range_from";
+        self.check_same_kind(OP, src)?;
+        for (start, buf_len) in [(at, self.len), (src_at, src.len)] {
+            if start.checked_add(len).is_none_or(|end| end > buf_len) {
+                return Err(DeviceError::OutOfRange {
+                    op: OP,
+                    start,
+                    end: start.saturating_add(len),
+                    len: buf_len,
+                });
+            }
+        }
+        let size = self.dtype.size_in_bytes();
+        match (&mut self.storage, &src.storage) {
+            (Storage::Cuda(d), Storage::Cuda(s)) => Ok(d.copy_rows_from(
+                at * size,
+                len * size,
+                s,
+                src_at * size,
+                len * size,
+                len * size,
+                1,
+            )?),
+            _ => {
+                let from = &src.as_bytes()?[src_at * size..(src_at + len) * size];
+                self.as_bytes_mut()?[at * size..(at + len) * size].copy_from_slice(from);
                 Ok(())
             }
         }
@@ -196,6 +225,24 @@ impl Buffer {
             }
         }
         Ok(out)
+    }
+
+    /// An error unless `src` is on this buffer's device and of its dtype.
+    fn check_same_kind(&self, op: &'static str, src: &Buffer) -> Result<()> {
+        if self.device != src.device {
+            return Err(DeviceError::DeviceMismatch {
+                op,
+                lhs: self.device,
+                rhs: src.device,
+            });
+        }
+        if self.dtype != src.dtype {
+            return Err(DeviceError::DTypeMismatch {
+                actual: self.dtype,
+                requested: src.dtype,
+            });
+        }
+        Ok(())
     }
 
     fn check<T: Element>(&self) -> Result<()> {
@@ -304,6 +351,44 @@ mod tests {
         assert_eq!(back.as_slice::<f32>().unwrap(), &data[..]);
         let e = copy.copy_from(&back).unwrap_err().to_string();
         assert!(e.contains("different devices"), "{e}");
+    }
+
+    /// Ranges copied between two buffers on `device`, read back through the host; ranges
+    /// outside a buffer and buffers of other dtypes or devices are errors.
+    fn range_copies_on(device: Device) {
+        let src =
+            Buffer::from_slice(&(0..10).map(|i| i as f32).collect::<Vec<_>>(), device).unwrap();
+        let mut dst = Buffer::zeros(DType::F32, 8, device).unwrap();
+        dst.copy_range_from(2, &src, 5, 4).unwrap();
+        dst.copy_range_from(0, &src, 9, 1).unwrap();
+        dst.copy_range_from(7, &src, 0, 0).unwrap();
+        let back = dst.to_device(Device::Cpu).unwrap();
+        assert_eq!(
+            back.as_slice::<f32>().unwrap(),
+            &[9.0, 0.0, 5.0, 6.0, 7.0, 8.0, 0.0, 0.0]
+        );
+        let e = dst.copy_range_from(5, &src, 0, 4).unwrap_err().to_string();
+        assert_eq!(e, "copy_range_from: elements 5..9 of a buffer of 8");
+        let e = dst.copy_range_from(0, &src, 8, 3).unwrap_err().to_string();
+        assert_eq!(e, "copy_range_from: elements 8..11 of a buffer of 10");
+        let ints = Buffer::zeros(DType::I32, 4, device).unwrap();
+        assert!(dst.copy_range_from(0, &ints, 0, 1).is_err());
+        if !device.is_cpu() {
+            let host = Buffer::zeros(DType::F32, 4, Device::Cpu).unwrap();
+            let e = dst.copy_range_from(0, &host, 0, 1).unwrap_err().to_string();
+            assert!(e.contains("different devices"), "{e}");
+        }
+    }
+
+    #[test]
+    fn ranges_copy_between_host_buffers() {
+        range_copies_on(Device::Cpu);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn ranges_copy_between_device_buffers() {
+        range_copies_on(Device::cuda(0).unwrap());
     }
 
     #[test]

@@ -43,6 +43,18 @@ pub enum DeviceError {
         /// The second device.
         rhs: Device,
     },
+    /// A range that does not lie inside its buffer.
+    #[error("{op}: elements {start}..{end} of a buffer of {len}")]
+    OutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The range's first element.
+        start: usize,
+        /// One past its last.
+        end: usize,
+        /// The buffer's length.
+        len: usize,
+    },
     /// A copy between buffers of different lengths.
     #[error("{op}: length mismatch ({lhs} vs {rhs} elements)")]
     LengthMismatch {

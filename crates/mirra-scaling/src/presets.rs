@@ -334,6 +334,152 @@ fn pcie_two_sockets(
     Ok(t)
 }
 
+/// The device model of a GPU name as the driver reports it (`NVIDIA H200` counts as an
+/// H100: the same Hopper compute figures), `None` for a GPU the model has no figures for.
+pub fn device_model_of(gpu_name: &str) -> Option<DeviceModel> {
+    let n = gpu_name.to_ascii_uppercase();
+    let has = |s: &str| n.contains(s);
+    Some(if has("H100") || has("H200") || has("H800") {
+        DeviceModel::H100
+    } else if has("A100") || has("A800") {
+        DeviceModel::A100
+    } else if has("V100") {
+        DeviceModel::V100Sxm2
+    } else if has("A6000") {
+        DeviceModel::RtxA6000
+    } else if has("P100") {
+        DeviceModel::P100
+    } else if has("1080 TI") {
+        DeviceModel::Gtx1080Ti
+    } else {
+        return None;
+    })
+}
+
+/// A machine from its device matrix as `mirra topo` (and `nvidia-smi topo -m`) prints it:
+/// `links[a][b]` is `X`, `NV<k>`, `PIX`, `PXB`, `PHB`, `NODE` or `SYS`.
+///
+/// GPUs that no `SYS` cell separates share a host bridge (a socket); sockets are joined by
+/// the inter-socket link of `inter_socket_gbs`; every GPU is on `pcie_gbs` of PCIe to its
+/// socket's bridge (a PCIe switch between GPUs, `PIX`/`PXB`, is modelled as the bridge: a
+/// lower bound on what the switch gives). `NV<k>` cells are `k` NVLinks of
+/// [`NVLINK_PER_LINK_GBS`]: directly between the two GPUs, or, when every pair of three or
+/// more GPUs shows the same `NV<k>` with `k >= 12` (NVSwitch boards print that), as each
+/// GPU's `k` links into one non-blocking NVSwitch node.
+pub fn from_matrix(
+    name: &str,
+    device: DeviceModel,
+    links: &[Vec<String>],
+    pcie_gbs: f64,
+    inter_socket_gbs: f64,
+) -> Result<Topology> {
+    let n = links.len();
+    let invalid = |reason: String| ScalingError::InvalidTopology {
+        topology: name.to_string(),
+        reason,
+    };
+    if n == 0 {
+        return Err(invalid("the matrix has no GPU".into()));
+    }
+    let cell = |a: usize, b: usize| -> Result<&str> {
+        let row = &links[a];
+        if row.len() != n {
+            return Err(invalid(format!(
+                "row {a} has {} cells, the matrix {n} rows",
+                row.len()
+            )));
+        }
+        Ok(row[b].as_str())
+    };
+    let mut nv = vec![vec![0u32; n]; n];
+    for (a, nv_row) in nv.iter_mut().enumerate() {
+        for (b, nv_cell) in nv_row.iter_mut().enumerate() {
+            let c = cell(a, b)?;
+            let ok = match c {
+                "X" => a == b,
+                "PIX" | "PXB" | "PHB" | "NODE" | "SYS" => a != b,
+                other => match other.strip_prefix("NV").map(str::parse::<u32>) {
+                    Some(Ok(k)) if k > 0 && a != b => {
+                        *nv_cell = k;
+                        true
+                    }
+                    _ => false,
+                },
+            };
+            if !ok {
+                return Err(invalid(format!("cell ({a}, {b}) is `{c}`")));
+            }
+        }
+    }
+    // Sockets: GPUs joined by anything but SYS, transitively.
+    let mut socket: Vec<usize> = (0..n).collect();
+    for a in 0..n {
+        for b in 0..n {
+            if cell(a, b)? != "SYS" {
+                let (sa, sb) = (socket[a], socket[b]);
+                for s in socket.iter_mut() {
+                    if *s == sb {
+                        *s = sa;
+                    }
+                }
+            }
+        }
+    }
+    let mut sockets: Vec<usize> = socket.clone();
+    sockets.sort_unstable();
+    sockets.dedup();
+    let mut t = Topology::new(
+        name,
+        format!("{n} GPUs from `mirra topo` ({} socket(s))", sockets.len()),
+        device,
+    );
+    let bridges: Vec<usize> = (0..sockets.len())
+        .map(|i| t.add_node(format!("cpu{i}"), NodeKind::HostBridge, Some(0)))
+        .collect();
+    for i in 0..bridges.len() {
+        for j in i + 1..bridges.len() {
+            t.add_link(
+                bridges[i],
+                bridges[j],
+                LinkKind::InterSocket,
+                inter_socket_gbs,
+                0.0,
+            )?;
+        }
+    }
+    let gpus: Vec<usize> = (0..n)
+        .map(|i| t.add_node(format!("gpu{i}"), NodeKind::Device, Some(0)))
+        .collect();
+    for (i, &g) in gpus.iter().enumerate() {
+        let s = sockets.iter().position(|&s| s == socket[i]).unwrap_or(0);
+        t.add_link(g, bridges[s], LinkKind::Pcie, pcie_gbs, 0.0)?;
+    }
+    let k0 = nv[0].get(1).copied().unwrap_or(0);
+    let switched = n >= 3 && k0 >= 12 && (0..n).all(|a| (0..n).all(|b| a == b || nv[a][b] == k0));
+    if switched {
+        let switch = t.add_node("nvswitch", NodeKind::NvSwitch, Some(0));
+        for &g in &gpus {
+            t.add_link(
+                g,
+                switch,
+                LinkKind::NvLink,
+                f64::from(k0) * NVLINK_PER_LINK_GBS,
+                0.0,
+            )?;
+        }
+    } else {
+        for a in 0..n {
+            for b in a + 1..n {
+                if nv[a][b] > 0 {
+                    let gbs = f64::from(nv[a][b]) * NVLINK_PER_LINK_GBS;
+                    t.add_link(gpus[a], gpus[b], LinkKind::NvLink, gbs, 0.0)?;
+                }
+            }
+        }
+    }
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,5 +576,121 @@ mod tests {
         }
         assert_eq!(build("ib-32node").unwrap().devices().len(), 256);
         assert_eq!(build("p100-25gbe-128node").unwrap().devices().len(), 512);
+    }
+
+    fn matrix(rows: &[&str]) -> Vec<Vec<String>> {
+        rows.iter()
+            .map(|r| r.split_whitespace().map(str::to_string).collect())
+            .collect()
+    }
+
+    #[test]
+    fn a_machine_from_its_device_matrix() {
+        // An NVSwitch board: one switch node, each GPU's 18 links into it (the dgx-h100
+        // preset's shape).
+        let rows: Vec<String> = (0..8)
+            .map(|a| {
+                (0..8)
+                    .map(|b| if a == b { "X" } else { "NV18" })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        let rows: Vec<&str> = rows.iter().map(String::as_str).collect();
+        let t = from_matrix(
+            "here",
+            DeviceModel::H100,
+            &matrix(&rows),
+            PCIE5_X16_GBS,
+            22.0,
+        )
+        .unwrap();
+        let nvlinks: Vec<_> = t
+            .links()
+            .iter()
+            .filter(|l| l.kind == LinkKind::NvLink)
+            .collect();
+        assert_eq!(nvlinks.len(), 8);
+        assert!(nvlinks
+            .iter()
+            .all(|l| (l.line_gbs - NVLINK4_PER_GPU_GBS).abs() < 1e-9));
+        assert_eq!(
+            t.nodes()
+                .iter()
+                .filter(|n| n.kind == NodeKind::NvSwitch)
+                .count(),
+            1
+        );
+        // Two GPUs bridged by NV12 on one socket: a direct NVLink of 300 GB/s, PCIe to one
+        // bridge.
+        let t = from_matrix(
+            "pair",
+            DeviceModel::A100,
+            &matrix(&["X NV12", "NV12 X"]),
+            PCIE4_X16_GBS,
+            16.0,
+        )
+        .unwrap();
+        assert_eq!(
+            t.links()
+                .iter()
+                .filter(|l| l.kind == LinkKind::NvLink)
+                .count(),
+            1
+        );
+        assert_eq!(
+            t.nodes()
+                .iter()
+                .filter(|n| n.kind == NodeKind::HostBridge)
+                .count(),
+            1
+        );
+        // Four GPUs on PCIe, two per socket.
+        let t = from_matrix(
+            "pcie",
+            DeviceModel::A100,
+            &matrix(&[
+                "X PIX SYS SYS",
+                "PIX X SYS SYS",
+                "SYS SYS X PHB",
+                "SYS SYS PHB X",
+            ]),
+            PCIE4_X16_GBS,
+            16.0,
+        )
+        .unwrap();
+        assert_eq!(
+            t.nodes()
+                .iter()
+                .filter(|n| n.kind == NodeKind::HostBridge)
+                .count(),
+            2
+        );
+        assert_eq!(
+            t.links()
+                .iter()
+                .filter(|l| l.kind == LinkKind::InterSocket)
+                .count(),
+            1
+        );
+        assert!(t.route(t.devices()[0], t.devices()[3]).is_ok());
+        // Malformed matrices are errors naming the cell.
+        for (rows, want) in [
+            (vec!["X NV0", "NV0 X"], "cell (0, 1) is `NV0`"),
+            (vec!["X PIX", "PIX"], "row 1 has 1 cells"),
+            (vec!["PIX X", "X PIX"], "cell (0, 0) is `PIX`"),
+            (vec!["X FOO", "FOO X"], "cell (0, 1) is `FOO`"),
+        ] {
+            let e = from_matrix("bad", DeviceModel::H100, &matrix(&rows), 63.0, 22.0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
+        }
+        assert_eq!(device_model_of("NVIDIA H200"), Some(DeviceModel::H100));
+        assert_eq!(
+            device_model_of("NVIDIA A100-SXM4-80GB"),
+            Some(DeviceModel::A100)
+        );
+        assert_eq!(device_model_of("NVIDIA GeForce RTX 4090"), None);
     }
 }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use mirra_collectives::Communicator;
 use mirra_device::sync::{lock, panic_message};
+use mirra_device::Device;
 
 use crate::{Result, StrategyError};
 
@@ -25,6 +26,8 @@ pub struct ReplicaContext<'a> {
     pub replica_id: usize,
     /// The number of replicas in sync.
     pub num_replicas: usize,
+    /// The device this replica computes on (its buffers' device).
+    pub device: Device,
     /// This replica's endpoint of the strategy's collective group.
     pub comm: &'a dyn Communicator,
 }
@@ -34,6 +37,7 @@ impl std::fmt::Debug for ReplicaContext<'_> {
         f.debug_struct("ReplicaContext")
             .field("replica_id", &self.replica_id)
             .field("num_replicas", &self.num_replicas)
+            .field("device", &self.device)
             .field("backend", &self.comm.backend())
             .finish()
     }
@@ -90,9 +94,13 @@ pub(crate) struct ReplicaPool {
 }
 
 impl ReplicaPool {
-    /// Start one thread per communicator; replica `r` owns `comms[r]` and computes with
-    /// `kernel_threads` threads.
-    pub(crate) fn spawn(comms: Vec<Box<dyn Communicator>>, kernel_threads: usize) -> Result<Self> {
+    /// Start one thread per communicator; replica `r` owns `comms[r]`, computes on
+    /// `devices[r]` and with `kernel_threads` threads.
+    pub(crate) fn spawn(
+        comms: Vec<Box<dyn Communicator>>,
+        devices: Vec<Device>,
+        kernel_threads: usize,
+    ) -> Result<Self> {
         let n = comms.len();
         let id = NEXT_POOL.fetch_add(1, Ordering::Relaxed);
         let mut pool = ReplicaPool {
@@ -101,7 +109,7 @@ impl ReplicaPool {
             threads: Vec::with_capacity(n),
             serial: Mutex::new(()),
         };
-        for (replica, comm) in comms.into_iter().enumerate() {
+        for (replica, (comm, device)) in comms.into_iter().zip(devices).enumerate() {
             let (tx, rx) = channel::<Job>();
             let thread = std::thread::Builder::new()
                 .name(format!("mirra-replica-{replica}"))
@@ -111,6 +119,7 @@ impl ReplicaPool {
                     let ctx = ReplicaContext {
                         replica_id: replica,
                         num_replicas: n,
+                        device,
                         comm: comm.as_ref(),
                     };
                     while let Some(job) = next_job(&rx) {

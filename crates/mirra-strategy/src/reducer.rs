@@ -65,12 +65,15 @@ pub struct GradientReducer {
     acc: Vec<Option<Tensor>>,
     /// Time `finish` spent waiting for reductions, since the last `take_wait_time`.
     waited: Duration,
+    /// Where the parameters, and so the buckets, live.
+    device: Device,
 }
 
 impl GradientReducer {
     /// Buckets for gradients shaped like `params`, each at most `bucket_bytes` (a
-    /// parameter larger than that gets a bucket of its own).
+    /// parameter larger than that gets a bucket of its own), on the parameters' device.
     pub fn new(params: &[Tensor], bucket_bytes: usize) -> GradientReducer {
+        let device = params.first().map_or(Device::Cpu, Tensor::device);
         let mut slots: Vec<Option<Slot>> = (0..params.len()).map(|_| None).collect();
         let mut buckets: Vec<Bucket> = vec![];
         for (i, p) in params.iter().enumerate().rev() {
@@ -108,6 +111,7 @@ impl GradientReducer {
             sync: true,
             acc: (0..params.len()).map(|_| None).collect(),
             waited: Duration::ZERO,
+            device,
         }
     }
 
@@ -127,7 +131,7 @@ impl GradientReducer {
         for b in &mut self.buckets {
             b.missing = b.params;
             if sync && b.storage.is_none() {
-                b.storage = Some(Buffer::alloc(b.dtype, b.len, Device::Cpu).map_err(tensor)?);
+                b.storage = Some(Buffer::alloc(b.dtype, b.len, self.device).map_err(tensor)?);
             }
         }
         Ok(())
@@ -176,17 +180,14 @@ impl GradientReducer {
             .storage
             .as_mut()
             .ok_or_else(|| StrategyError::Invalid("reducer: step not begun".into()))?;
-        let size = bucket.dtype.size_in_bytes();
         let n: usize = slot.dims.iter().product();
-        let bytes = storage.as_bytes_mut().map_err(TensorError::from)?;
-        let dst = &mut bytes[slot.offset * size..(slot.offset + n) * size];
-        match grad {
-            Some(g) => {
-                let g = g.to_dtype(bucket.dtype)?.contiguous()?;
-                dst.copy_from_slice(g.as_bytes()?);
-            }
-            None => dst.fill(0),
-        }
+        let g = match grad {
+            Some(g) => g.to_dtype(bucket.dtype)?.contiguous()?,
+            None => Tensor::zeros(&[n], bucket.dtype, storage.device())?,
+        };
+        storage
+            .copy_range_from(slot.offset, g.buffer(), g.layout().offset(), n)
+            .map_err(TensorError::from)?;
         slot.ready = true;
         bucket.missing -= 1;
         Ok(())
@@ -296,9 +297,13 @@ mod tests {
     const SHAPES: [&[usize]; 4] = [&[4, 3], &[3], &[3, 2], &[2]];
 
     fn params() -> Vec<Tensor> {
+        params_on(Device::Cpu)
+    }
+
+    fn params_on(device: Device) -> Vec<Tensor> {
         SHAPES
             .iter()
-            .map(|d| Tensor::zeros(d, DType::F32, Device::Cpu).unwrap())
+            .map(|d| Tensor::zeros(d, DType::F32, device).unwrap())
             .collect()
     }
 
@@ -315,6 +320,17 @@ mod tests {
             .collect()
     }
 
+    /// The strategy of `replicas` replicas: on the host (`ring`), or all on `cuda:0`
+    /// (`cuda-ring`).
+    fn strategy(replicas: usize, device: Device) -> MirroredStrategy {
+        let config = if device.is_cpu() {
+            StrategyConfig::cpu(replicas).with_collective("ring")
+        } else {
+            StrategyConfig::devices(&vec![device; replicas]).unwrap()
+        };
+        MirroredStrategy::new(config).unwrap()
+    }
+
     /// Run `steps` steps (each `micro` micro-steps, the last synchronised) on `replicas`
     /// replicas with buckets of `bucket_bytes`; replica 1 gets no data in its last
     /// micro-step when `starve` (its gradients never arrive). Returns every replica's
@@ -325,10 +341,21 @@ mod tests {
         micro: u64,
         starve: bool,
     ) -> Vec<Vec<Vec<f32>>> {
-        let s =
-            MirroredStrategy::new(StrategyConfig::cpu(replicas).with_collective("ring")).unwrap();
+        reduce_on(Device::Cpu, replicas, bucket_bytes, micro, starve)
+    }
+
+    /// [`reduce`] with the parameters and gradients on `device`.
+    fn reduce_on(
+        device: Device,
+        replicas: usize,
+        bucket_bytes: usize,
+        micro: u64,
+        starve: bool,
+    ) -> Vec<Vec<Vec<f32>>> {
+        let s = strategy(replicas, device);
         s.run(|ctx| {
-            let mut red = GradientReducer::new(&params(), bucket_bytes);
+            assert_eq!(ctx.device, device);
+            let mut red = GradientReducer::new(&params_on(device), bucket_bytes);
             let mut out = vec![];
             for step in 0..2 {
                 for k in 0..micro {
@@ -342,7 +369,8 @@ mod tests {
                             .enumerate()
                             .rev()
                         {
-                            red.grad_ready(ctx.comm, i, g).unwrap();
+                            let g = g.to_device(device).unwrap();
+                            red.grad_ready(ctx.comm, i, &g).unwrap();
                         }
                     }
                     if let Some(g) = red.finish(ctx.comm).unwrap() {
@@ -399,9 +427,22 @@ mod tests {
 
     #[test]
     fn every_replica_gets_the_sum_bucketed_or_not() {
+        sums_bucketed_or_not(Device::Cpu);
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn every_replica_on_a_gpu_gets_the_sum_bucketed_or_not() {
+        sums_bucketed_or_not(Device::cuda(0).unwrap());
+        // Accumulation and a replica without data, with buckets in device memory.
+        let got = reduce_on(Device::cuda(0).unwrap(), 3, 16, 2, true);
+        assert_close(&got[2], &expected(3, 2, true));
+    }
+
+    fn sums_bucketed_or_not(device: Device) {
         for replicas in [1, 2, 3] {
-            let whole = reduce(replicas, 1 << 20, 1, false);
-            let split = reduce(replicas, 8, 1, false);
+            let whole = reduce_on(device, replicas, 1 << 20, 1, false);
+            let split = reduce_on(device, replicas, 8, 1, false);
             for r in &whole {
                 assert_eq!(r, &whole[0], "replicas differ");
             }

@@ -2,7 +2,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mirra_collectives::{cpu_group, noop_group, Config, ReduceOp, BACKENDS, NOOP};
+use mirra_collectives::{
+    cpu_group, device_group, noop_group, Config, ReduceOp, BACKENDS, DEVICE_BACKENDS, NOOP,
+};
 use mirra_device::Device;
 use mirra_nn::Sequential;
 use mirra_tensor::Tensor;
@@ -14,11 +16,16 @@ use crate::{Result, StrategyError};
 /// How to build a [`MirroredStrategy`].
 #[derive(Clone, Debug)]
 pub struct StrategyConfig {
-    /// Replicas in sync (CPU: threads).
+    /// Replicas in sync (each a thread; on CUDA devices, a thread driving its device).
     pub replicas: usize,
-    /// The collective backend, by name (`ring`, `tree`, `reduce-to-one`, `direct`; or
-    /// [`NOOP`](mirra_collectives::NOOP), the ablation that communicates nothing, for
-    /// measuring what communication costs: replicas then drift apart).
+    /// Each replica's device, in replica order; empty: every replica on the host. CUDA
+    /// replicas may share a device (several ranks of `cuda-ring` on one GPU: how a
+    /// one-GPU machine tests them).
+    pub devices: Vec<Device>,
+    /// The collective backend, by name: on the host `ring`, `tree`, `reduce-to-one`,
+    /// `direct` (or [`NOOP`](mirra_collectives::NOOP), the ablation that communicates
+    /// nothing, for measuring what communication costs: replicas then drift apart); on
+    /// CUDA devices `cuda-ring`, `nccl-ring` or `nccl-tree`.
     pub collective: String,
     /// Gradient bucket size in bytes (DDP's `bucket_cap_mb`).
     pub bucket_bytes: usize,
@@ -34,6 +41,7 @@ impl StrategyConfig {
     pub fn cpu(replicas: usize) -> StrategyConfig {
         StrategyConfig {
             replicas,
+            devices: Vec::new(),
             collective: "ring".into(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             threads_per_replica: None,
@@ -41,16 +49,36 @@ impl StrategyConfig {
         }
     }
 
-    /// One replica per device of `devices` (TensorFlow's `MirroredStrategy(devices=...)`).
-    /// This build runs replicas on the CPU only: a CUDA device is an error that says so;
-    /// each `Device::Cpu` entry is one CPU replica.
+    /// One replica per entry of `devices` (TensorFlow's `MirroredStrategy(devices=...)`):
+    /// every entry `Device::Cpu` (host replicas, the `ring` backend), or every entry a
+    /// CUDA device (the `cuda-ring` backend; a device may appear more than once). A mix is
+    /// an error that names both kinds.
     pub fn devices(devices: &[Device]) -> Result<StrategyConfig> {
-        for &d in devices {
-            // The device layer names what is missing (e.g. a build without CUDA).
-            mirra_device::Buffer::alloc(mirra_device::DType::U8, 0, d)
-                .map_err(|e| StrategyError::Tensor(e.into()))?;
+        let cuda = devices.iter().filter(|d| !d.is_cpu()).count();
+        if cuda > 0 && cuda < devices.len() {
+            let listed: Vec<String> = devices.iter().map(Device::to_string).collect();
+            return Err(StrategyError::Invalid(format!(
+                "replicas on {}: a mirrored strategy's replicas are all on the host or all on \
+                 CUDA devices",
+                listed.join(", ")
+            )));
         }
-        Ok(StrategyConfig::cpu(devices.len()))
+        let mut config = StrategyConfig::cpu(devices.len());
+        config.devices = devices.to_vec();
+        if cuda > 0 {
+            config.collective = "cuda-ring".into();
+        }
+        Ok(config)
+    }
+
+    /// Replica `r`'s device.
+    pub fn device(&self, r: usize) -> Device {
+        self.devices.get(r).copied().unwrap_or(Device::Cpu)
+    }
+
+    /// True when the replicas are on CUDA devices.
+    pub fn on_cuda(&self) -> bool {
+        self.devices.iter().any(|d| !d.is_cpu())
     }
 
     /// This config with another collective backend.
@@ -129,29 +157,47 @@ impl MirroredStrategy {
         if config.replicas == 0 {
             return Err(StrategyError::NoReplicas(0));
         }
-        if !BACKENDS.contains(&config.collective.as_str()) && config.collective != NOOP {
-            // The collectives crate names the known backends in its error.
-            cpu_group(&config.collective, 1, config.collectives.clone())?;
+        if !config.devices.is_empty() && config.devices.len() != config.replicas {
+            return Err(StrategyError::Invalid(format!(
+                "{} replicas but {} devices: one device per replica",
+                config.replicas,
+                config.devices.len()
+            )));
         }
+        let name = config.collective.as_str();
+        let comms = if config.on_cuda() {
+            if BACKENDS.contains(&name) || name == NOOP {
+                return Err(StrategyError::Invalid(format!(
+                    "collective `{name}` moves host buffers; replicas on CUDA devices need one \
+                     of {}",
+                    DEVICE_BACKENDS.join(", ")
+                )));
+            }
+            device_group(name, &config.devices, config.collectives.clone())?
+        } else if name == NOOP {
+            noop_group(config.replicas)
+        } else {
+            if DEVICE_BACKENDS.contains(&name) {
+                return Err(StrategyError::Invalid(format!(
+                    "collective `{name}` moves CUDA device buffers; replicas on the host need \
+                     one of {}",
+                    BACKENDS.join(", ")
+                )));
+            }
+            // An unknown name: the collectives crate names the known backends.
+            cpu_group(name, config.replicas, config.collectives.clone())?
+        };
         if config.bucket_bytes == 0 {
             return Err(StrategyError::Invalid(
                 "the gradient bucket size must be at least 1 byte".into(),
             ));
         }
-        let comms = if config.collective == NOOP {
-            noop_group(config.replicas)
-        } else {
-            cpu_group(
-                &config.collective,
-                config.replicas,
-                config.collectives.clone(),
-            )?
-        };
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads_per_replica = config
             .threads_per_replica
             .unwrap_or((cores / config.replicas).max(1));
-        let pool = ReplicaPool::spawn(comms, threads_per_replica)?;
+        let devices = (0..config.replicas).map(|r| config.device(r)).collect();
+        let pool = ReplicaPool::spawn(comms, devices, threads_per_replica)?;
         Ok(MirroredStrategy {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
@@ -163,6 +209,11 @@ impl MirroredStrategy {
     /// The number of replicas that train in sync.
     pub fn num_replicas_in_sync(&self) -> usize {
         self.pool.len()
+    }
+
+    /// Replica `r`'s device.
+    pub fn device(&self, r: usize) -> Device {
+        self.config.device(r)
     }
 
     /// The collective backend's name.
@@ -206,15 +257,22 @@ impl MirroredStrategy {
         })
     }
 
-    /// One copy of `net` per replica, replica 0's being `net` itself and every other
-    /// replica's parameters received from it by broadcast, so all start bitwise
-    /// identical. `net` must have been built inside [`scope`](MirroredStrategy::scope).
-    pub fn mirror(&self, net: Sequential) -> Result<Vec<Sequential>> {
+    /// One copy of `net` per replica, each on its replica's device: replica 0's is `net`
+    /// itself (moved to replica 0's device) and every other replica's parameters are
+    /// received from it by broadcast, so all start bitwise identical. `net` must have been
+    /// built inside [`scope`](MirroredStrategy::scope).
+    pub fn mirror(&self, mut net: Sequential) -> Result<Vec<Sequential>> {
         self.check_scope(&net)?;
         let n = self.num_replicas_in_sync();
+        let moved = |net: &mut Sequential, d: Device| {
+            net.to_device(d)
+                .map_err(|e| StrategyError::Invalid(e.to_string()))
+        };
+        moved(&mut net, self.device(0))?;
         let mut copies = Vec::with_capacity(n);
-        for _ in 1..n {
+        for r in 1..n {
             let mut c = net.clone();
+            moved(&mut c, self.device(r))?;
             let fresh: std::result::Result<Vec<Tensor>, _> =
                 c.params().iter().map(|p| p.zeros_like()).collect();
             c.set_params(fresh?)
@@ -460,8 +518,8 @@ mod tests {
     fn replicas_from_a_device_list() {
         let c = StrategyConfig::devices(&[Device::Cpu, Device::Cpu, Device::Cpu]).unwrap();
         assert_eq!(MirroredStrategy::new(c).unwrap().num_replicas_in_sync(), 3);
-        // A CUDA device exists only where the driver reports one; replicas run on the CPU
-        // in this build, so one is refused, naming it.
+        // A CUDA device exists only where the driver reports one; host and CUDA replicas
+        // do not mix.
         match Device::cuda(0) {
             Err(e) => assert!(e.to_string().contains("CUDA"), "{e}"),
             Ok(gpu) => {
@@ -483,7 +541,18 @@ mod tests {
         let e = MirroredStrategy::new(StrategyConfig::cpu(2).with_collective("nccl-ring"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("unknown collectives backend `nccl-ring`"), "{e}");
+        assert!(
+            e.contains("collective `nccl-ring` moves CUDA device buffers; replicas on the host need one of ring, tree"),
+            "{e}"
+        );
+        let e = MirroredStrategy::new(StrategyConfig::cpu(2).with_collective("rign"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown collectives backend `rign`"), "{e}");
+        let mut c = StrategyConfig::cpu(3);
+        c.devices = vec![Device::Cpu; 2];
+        let e = MirroredStrategy::new(c).unwrap_err().to_string();
+        assert!(e.contains("3 replicas but 2 devices"), "{e}");
     }
 
     #[test]
@@ -512,5 +581,36 @@ mod tests {
         }
         // Independent buffers, not shared ones.
         assert!(!copies[0].params()[0].same_buffer(&copies[1].params()[0]));
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn mirrored_variables_on_a_gpu_start_identical_on_every_replica() {
+        let gpu = Device::cuda(0).unwrap();
+        let s = MirroredStrategy::new(StrategyConfig::devices(&[gpu; 3]).unwrap()).unwrap();
+        assert_eq!(s.collective(), "cuda-ring");
+        let original = s.scope(net);
+        let want: Vec<Vec<f32>> = original
+            .params()
+            .iter()
+            .map(|p| p.to_vec().unwrap())
+            .collect();
+        let copies = s.mirror(original).unwrap();
+        for c in &copies {
+            assert_eq!(c.device(), gpu);
+            let got: Vec<Vec<f32>> = c.params().iter().map(|p| p.to_vec().unwrap()).collect();
+            assert_eq!(got, want);
+        }
+        let devices = s.run(|ctx| ctx.device).unwrap();
+        assert_eq!(devices.values(), &[gpu; 3]);
+        // A host backend cannot move device buffers.
+        let e = MirroredStrategy::new(
+            StrategyConfig::devices(&[gpu; 2])
+                .unwrap()
+                .with_collective("ring"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("collective `ring` moves host buffers"), "{e}");
     }
 }

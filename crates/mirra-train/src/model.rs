@@ -162,13 +162,6 @@ impl Model {
         metrics: Vec<Box<dyn Metric>>,
         seed: u64,
     ) -> Result<Model> {
-        if !net.device().is_cpu() {
-            let device = net.device();
-            return Err(TrainError::Invalid(format!(
-                "the network is on {device}: a model under a distribution strategy trains \
-                 its replicas on the host ({device} replicas are not supported yet)"
-            )));
-        }
         let (net, mirrors) = Mirrors::new(strategy, net, optimizer.as_ref(), seed)?;
         let mut model = Model::compile(net, optimizer, loss, metrics, seed);
         model.mirrors = Some(mirrors);
@@ -260,13 +253,17 @@ impl Model {
     /// Move the model to `device` (PyTorch's `model.to(device)`): its weights now, its
     /// optimizer's state at the next step. Batches are copied to the device as they come,
     /// and a checkpoint holds host bytes, so a run resumes on any device. A model under a
-    /// distribution strategy stays on the host (its replicas are host threads).
+    /// distribution strategy lives on its strategy's devices: moving it is an error.
     pub fn to_device(&mut self, device: Device) -> Result<()> {
-        if self.mirrors.is_some() && !device.is_cpu() {
-            return Err(TrainError::Invalid(format!(
-                "a model under a distribution strategy trains its replicas on the host; \
-                 {device} replicas are not supported yet"
-            )));
+        if let Some(m) = &self.mirrors {
+            let here = m.strategy.device(0);
+            if device != here {
+                return Err(TrainError::Invalid(format!(
+                    "a model under a distribution strategy lives on the strategy's devices \
+                     (replica 0 on {here}); build the strategy on {device} instead"
+                )));
+            }
+            return Ok(());
         }
         self.net.to_device(device)?;
         Ok(())

@@ -113,11 +113,14 @@ impl Mirrors {
         optimizer: &dyn Optimizer,
         seed: u64,
     ) -> Result<(Sequential, Mirrors)> {
-        let mut copies = strategy.mirror(net)?.into_iter();
-        let primary = copies.next().expect("a strategy has at least one replica");
-        let reducers = (0..strategy.num_replicas_in_sync())
-            .map(|_| GradientReducer::new(primary.params(), strategy.bucket_bytes()))
+        let copies = strategy.mirror(net)?;
+        // Each replica's buckets on its own device.
+        let reducers = copies
+            .iter()
+            .map(|c| GradientReducer::new(c.params(), strategy.bucket_bytes()))
             .collect();
+        let mut copies = copies.into_iter();
+        let primary = copies.next().expect("a strategy has at least one replica");
         let others = copies
             .map(|net| Replica {
                 net,
@@ -268,10 +271,14 @@ impl Mirrors {
                 .and_then(Result::err)
                 .expect("an error at that position"));
         }
+        // The replicas' outputs, each on its own device, gathered on replica 0's.
+        let here = self.strategy.device(0);
         for r in results {
             let (l, out) = r?;
             total += l;
-            outputs.extend(out);
+            if let Some(o) = out {
+                outputs.push(o.to_device(here)?);
+            }
         }
         let refs: Vec<&Tensor> = outputs.iter().collect();
         let output = Tensor::concat(&refs, 0)?;
@@ -310,7 +317,9 @@ fn replica_step(
     if let Some([x, y]) = shard {
         let forward = trace::span("compute", "forward");
         let out = net.forward(tape, x.clone(), true, rng)?;
-        let loss = loss_fn.compute(&out, y, Reduction::Sum)?.scale(scale)?;
+        // The labels where the replica computes (the batch moves with `forward`).
+        let y = y.to_device(net.device())?;
+        let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
         drop(forward);
         let _backward = trace::span("compute", "backward");
         tape.backward_with(&loss, |key, g| {
@@ -459,6 +468,39 @@ mod tests {
             // Sums in another order differ in the last bits; after 50 Adam steps the
             // weights still agree to 1e-4.
             assert_weights_close(&m, &one, 1e-4, &what);
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn replicas_on_a_gpu_follow_the_single_device_trajectory_and_stay_identical() {
+        // As above with every replica on cuda:0 (cuda-ring), small buckets so that several
+        // all-reduces overlap backward, against one model on the same GPU.
+        let gpu = Device::cuda(0).unwrap();
+        let mut one = compile(None);
+        one.to_device(gpu).unwrap();
+        let single = trajectory(&mut one, 50, 32, 5);
+        for replicas in [1, 2, 4] {
+            let what = format!("{replicas} replicas on {gpu} (cuda-ring)");
+            let config = StrategyConfig::devices(&vec![gpu; replicas])
+                .unwrap()
+                .with_bucket_bytes(64)
+                .with_threads_per_replica(1);
+            let mut m = compile(Some(Arc::new(MirroredStrategy::new(config).unwrap())));
+            assert_eq!(m.device(), gpu, "{what}");
+            // `trajectory` checks after every step that the replicas are bitwise identical.
+            let got = trajectory(&mut m, 50, 32, 5);
+            for (step, (a, b)) in got.iter().zip(&single).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs(),
+                    "{what}, step {step}: loss {a} vs {b}"
+                );
+            }
+            assert_weights_close(&m, &one, 1e-4, &what);
+            assert!(
+                m.to_device(Device::Cpu).is_err(),
+                "{what}: moved off its devices"
+            );
         }
     }
 

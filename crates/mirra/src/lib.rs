@@ -6,6 +6,7 @@
 
 pub use mirra_autograd as autograd;
 pub use mirra_collectives as collectives;
+pub use mirra_cuda as cuda;
 pub use mirra_data as data;
 pub use mirra_device as device;
 pub use mirra_nn as nn;

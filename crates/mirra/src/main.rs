@@ -8,6 +8,7 @@ use mirra::train::console::{one_line, warn};
 
 mod outputs;
 mod resume;
+mod topo_cmd;
 mod train_cmd;
 
 /// Data-parallel training for Rust.
@@ -21,7 +22,19 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Train a model on MNIST (the bundled data unless --data is given).
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
+    /// Print how this machine's GPUs are connected (NVLink, PCIe path, peer access), as
+    /// `nvidia-smi topo -m`.
+    Topo(TopoArgs),
+}
+
+/// Flags of `mirra topo`.
+#[derive(Debug, clap::Args)]
+pub struct TopoArgs {
+    /// Also write the matrix as JSON to FILE (`cargo xtask scaling --topology FILE` models
+    /// this machine from it).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
 }
 
 /// Flags of `mirra train`.
@@ -43,8 +56,9 @@ pub struct TrainArgs {
     /// bundled t10k set, split 8,000 for training and 2,000 for validation.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
-    /// Where to train: cpu, or cuda:N (a CUDA device; without a driver, or without that
-    /// device, an error saying so).
+    /// Where to train: cpu, cuda:N (a CUDA device; without a driver, or without that
+    /// device, an error saying so), or a comma-separated list of CUDA devices
+    /// (cuda:0,cuda:1): one replica on each, in sync (the mirrored strategy).
     #[arg(long, default_value = "cpu", value_name = "DEVICE", value_parser = device)]
     pub device: String,
     /// Let f32 matrix products on a CUDA device run in TF32 (10-bit mantissa products,
@@ -83,14 +97,18 @@ pub struct TrainArgs {
     /// --replicas, per replica: the cores shared among the replicas).
     #[arg(long, value_parser = threads, allow_negative_numbers = true)]
     pub threads: Option<usize>,
-    /// Train on N replicas in sync (the mirrored strategy; on CPU, N threads): the global
-    /// batch (--batch-size) is split among them and their gradients all-reduced. At most
-    /// the batch size (every replica needs an example) and 1024.
+    /// Train on N replicas in sync (the mirrored strategy; on CPU, N threads; with one
+    /// --device cuda:N, N replicas sharing that GPU, which tests more than measures): the
+    /// global batch (--batch-size) is split among them and their gradients all-reduced.
+    /// At most the batch size (every replica needs an example) and 1024.
     #[arg(long, value_name = "N", value_parser = replicas, allow_negative_numbers = true)]
     pub replicas: Option<usize>,
-    /// The all-reduce algorithm of --replicas: ring, tree, reduce-to-one or direct.
-    #[arg(long, value_name = "NAME", default_value = "ring", value_parser = collective)]
-    pub collective: String,
+    /// The all-reduce algorithm of the replicas: on the host ring (the default), tree,
+    /// reduce-to-one or direct; on CUDA devices cuda-ring (the default), nccl-ring or
+    /// nccl-tree (NCCL's algorithm is pinned for the whole process through NCCL_ALGO, set
+    /// here before anything starts; an NCCL_ALGO already set to another one is an error).
+    #[arg(long, value_name = "NAME", value_parser = collective)]
+    pub collective: Option<String>,
     /// Gradient bucket size in MiB for the overlapped all-reduce (PyTorch DDP's
     /// bucket_cap_mb).
     #[arg(
@@ -111,25 +129,90 @@ pub struct TrainArgs {
 pub const SCALE_LR_BASE_BATCH: usize = 64;
 
 fn collective(s: &str) -> Result<String, String> {
-    if mirra::collectives::BACKENDS.contains(&s) {
+    use mirra::collectives::{BACKENDS, DEVICE_BACKENDS};
+    if BACKENDS.contains(&s) || DEVICE_BACKENDS.contains(&s) {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "unknown collective '{s}' (known: {})",
-            mirra::collectives::BACKENDS.join(", ")
+            "unknown collective '{s}' (known: {}; on CUDA devices {})",
+            BACKENDS.join(", "),
+            DEVICE_BACKENDS.join(", ")
         ))
     }
 }
 
-/// `cpu` or `cuda:N` (N a device ordinal): the spelling is checked here, the device itself
-/// when the run starts.
+/// `cpu`, `cuda:N` (N a device ordinal), or a comma-separated list of `cuda:N`: the
+/// spelling is checked here, the devices themselves when the run starts.
 fn device(s: &str) -> Result<String, String> {
-    match s.strip_prefix("cuda:") {
-        None if s == "cpu" => Ok(s.to_string()),
-        Some(n) if n.parse::<usize>().is_ok() => Ok(s.to_string()),
-        _ => Err(format!(
-            "'{s}' is not a device (cpu or cuda:N, e.g. cuda:0)"
-        )),
+    let bad = |d: &str| format!("'{d}' is not a device (cpu or cuda:N, e.g. cuda:0)");
+    if s == "cpu" {
+        return Ok(s.to_string());
+    }
+    for d in s.split(',') {
+        match d.strip_prefix("cuda:") {
+            Some(n) if n.parse::<usize>().is_ok() => {}
+            _ if d == "cpu" => {
+                return Err(format!(
+                    "'{s}': a list of devices names CUDA devices (replicas on the host: \
+                     --device cpu --replicas N)"
+                ))
+            }
+            _ => return Err(bad(d)),
+        }
+    }
+    Ok(s.to_string())
+}
+
+impl TrainArgs {
+    /// The devices of --device, as written.
+    pub fn devices(&self) -> Vec<&str> {
+        self.device.split(',').collect()
+    }
+
+    /// Whether the run trains under the mirrored strategy (--replicas, or several devices).
+    pub fn mirrored(&self) -> bool {
+        self.replicas.is_some() || self.devices().len() > 1
+    }
+
+    /// The replicas that train in sync.
+    pub fn replica_count(&self) -> usize {
+        self.replicas.unwrap_or(self.devices().len())
+    }
+
+    /// The collective: --collective, or the default of where the replicas are.
+    pub fn collective_name(&self) -> String {
+        self.collective.clone().unwrap_or_else(|| {
+            if self.device == "cpu" {
+                "ring".into()
+            } else {
+                "cuda-ring".into()
+            }
+        })
+    }
+}
+
+/// `--collective nccl-ring|nccl-tree`: NCCL reads NCCL_ALGO once per process, so it is
+/// set here, before this process starts any thread (setting a variable while threads run
+/// is unsound); one already set to another algorithm is a usage error.
+fn pin_nccl_algorithm(args: &TrainArgs) -> Result<(), Failure> {
+    let want = match args.collective.as_deref() {
+        Some("nccl-ring") => "Ring",
+        Some("nccl-tree") => "Tree",
+        _ => return Ok(()),
+    };
+    match std::env::var("NCCL_ALGO") {
+        Err(_) => {
+            // No thread has been started yet: clap's parsing is single-threaded, and
+            // nothing else ran before this function.
+            std::env::set_var("NCCL_ALGO", want);
+            Ok(())
+        }
+        Ok(v) if v.trim().eq_ignore_ascii_case(want) => Ok(()),
+        Ok(v) => Err(Failure::Usage(format!(
+            "--collective {} needs NCCL_ALGO={want}, but the environment sets NCCL_ALGO={v} \
+             (NCCL takes one algorithm per process)",
+            args.collective.as_deref().unwrap_or("")
+        ))),
     }
 }
 
@@ -214,7 +297,8 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Train(args) => train_cmd::run(args),
+        Command::Train(args) => pin_nccl_algorithm(&args).and_then(|()| train_cmd::run(*args)),
+        Command::Topo(args) => topo_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

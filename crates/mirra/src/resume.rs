@@ -90,15 +90,16 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
         setting(
             "replicas",
             "--replicas",
-            args.replicas.unwrap_or(1).to_string(),
+            args.replica_count().to_string(),
             Allow,
         ),
         setting(
             "collective",
             "--collective",
-            match args.replicas {
-                Some(_) => args.collective.clone(),
-                None => "none".into(),
+            if args.mirrored() {
+                args.collective_name()
+            } else {
+                "none".into()
             },
             Allow,
         ),

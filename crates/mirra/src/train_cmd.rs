@@ -22,14 +22,28 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             mirra::models::MODEL_NAMES.join(", ")
         )));
     };
-    let device = match args.device.strip_prefix("cuda:") {
-        None => Device::Cpu,
-        Some(ordinal) => {
-            let ordinal: usize = ordinal.parse().unwrap_or(usize::MAX);
-            // No driver or no such device: one line saying so.
-            Device::cuda(ordinal).map_err(|e| Failure::Usage(format!("--device: {e}")))?
+    if let (Some(replicas), true) = (args.replicas, args.devices().len() > 1) {
+        if replicas != args.devices().len() {
+            return Err(Failure::Usage(format!(
+                "--replicas {replicas} with --device {}: one replica per device of the list \
+                 ({} devices)",
+                args.device,
+                args.devices().len()
+            )));
         }
-    };
+    }
+    let mut devices = Vec::new();
+    for d in args.devices() {
+        devices.push(match d.strip_prefix("cuda:") {
+            None => Device::Cpu,
+            Some(ordinal) => {
+                let ordinal: usize = ordinal.parse().unwrap_or(usize::MAX);
+                // No driver or no such device: one line saying so.
+                Device::cuda(ordinal).map_err(|e| Failure::Usage(format!("--device: {e}")))?
+            }
+        });
+    }
+    let device = devices[0];
     if args.tf32 && device.is_cpu() {
         return Err(Failure::Usage(
             "--tf32 with --device cpu: TF32 is a CUDA matmul mode; the CPU computes f32 \
@@ -38,13 +52,23 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         ));
     }
     mirra::tensor::set_allow_tf32(args.tf32);
-    if let (Some(replicas), false) = (args.replicas, device.is_cpu()) {
+    let replica_count = args.replica_count();
+    if args.mirrored() && devices.len() == 1 {
+        // --replicas N on one device: N replicas there.
+        devices = vec![device; replica_count];
+    }
+    if args.collective.is_some() && !args.mirrored() {
         return Err(Failure::Usage(format!(
-            "--replicas {replicas} with --device {device}: replicas train on the host's \
-             threads; replicas on CUDA devices are not supported yet"
+            "--collective {} with one device: a collective needs replicas (--replicas N, or a \
+             list of devices)",
+            args.collective_name()
         )));
     }
-    if let Some(replicas) = args.replicas.filter(|&r| r > args.batch_size) {
+    if let Some(replicas) = args
+        .mirrored()
+        .then_some(replica_count)
+        .filter(|&r| r > args.batch_size)
+    {
         return Err(Failure::Usage(format!(
             "--replicas {replicas} is more than --batch-size {}: every replica needs at least \
              one example of the global batch",
@@ -56,11 +80,12 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     if let Some(t) = args.threads {
         mirra::tensor::set_num_threads(t);
     }
-    let strategy = match args.replicas {
-        None => None,
-        Some(replicas) => {
-            let mut config = StrategyConfig::cpu(replicas)
-                .with_collective(&args.collective)
+    let strategy = match args.mirrored() {
+        false => None,
+        true => {
+            let mut config = StrategyConfig::devices(&devices)
+                .map_err(|e| Failure::Usage(e.to_string()))?
+                .with_collective(&args.collective_name())
                 .with_bucket_bytes(((args.bucket_mb * (1 << 20) as f64) as usize).max(1));
             if let Some(t) = args.threads {
                 config = config.with_threads_per_replica(t);
@@ -112,6 +137,17 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     .map_err(|e| run_err(&e))?;
     net.to_device(device).map_err(|e| run_err(&e))?;
     let placement = match &strategy {
+        Some(s) if !device.is_cpu() => format!(
+            "{} replicas in sync on {}, collective {}, {} per replica",
+            s.num_replicas_in_sync(),
+            devices
+                .iter()
+                .map(Device::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            s.collective(),
+            args.batch_size.div_ceil(s.num_replicas_in_sync()),
+        ),
         Some(s) => format!(
             "{} replicas in sync, collective {}, {} threads each, {} per replica",
             s.num_replicas_in_sync(),

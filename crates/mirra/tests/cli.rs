@@ -86,7 +86,7 @@ fn one_epoch_on_the_bundled_data_reaches_90_percent() {
 #[test]
 fn bad_arguments_get_one_clear_line_and_exit_2() {
     let missing = std::env::temp_dir().join("mirra-no-such-dir");
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 20] = [
         (&["train", "--batch-size", "0"], "--batch-size"),
         // A negative number used to be taken for a flag: "unexpected argument '-1'".
         (
@@ -116,8 +116,34 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
         ),
         (&["train", "--replicas", "0"], "--replicas"),
         (
+            &["train", "--replicas", "2", "--collective", "nccl"],
+            "unknown collective 'nccl' (known: ring, tree, reduce-to-one, direct; on CUDA \
+             devices cuda-ring, nccl-ring, nccl-tree)",
+        ),
+        (
             &["train", "--replicas", "2", "--collective", "nccl-ring"],
-            "unknown collective 'nccl-ring' (known: ring, tree, reduce-to-one, direct)",
+            "collective `nccl-ring` moves CUDA device buffers; replicas on the host need one \
+             of ring, tree, reduce-to-one, direct",
+        ),
+        (
+            &["train", "--collective", "tree"],
+            "--collective tree with one device: a collective needs replicas",
+        ),
+        (
+            &["train", "--device", "cpu,cuda:0"],
+            "a list of devices names CUDA devices",
+        ),
+        (
+            &["train", "--device", "cuda:0,gpu1"],
+            "'gpu1' is not a device",
+        ),
+        (
+            &["train", "--device", "cuda:0,cuda:1", "--replicas", "3"],
+            "--replicas 3 with --device cuda:0,cuda:1: one replica per device",
+        ),
+        (
+            &["train", "--replicas", "2", "--collective", "nccl-tree"],
+            "moves CUDA device buffers",
         ),
         (&["train", "--bucket-mb", "0"], "--bucket-mb"),
         (&["train", "--epochs", "0"], "--epochs"),
@@ -138,6 +164,23 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
             "{args:?}: {err}"
         );
     }
+}
+
+/// `mirra topo` prints the device matrix where there are GPUs; without a driver, one line
+/// saying so and exit 2 (the machine cannot answer the question asked).
+#[test]
+fn topo_without_a_gpu_is_one_line() {
+    if mirra::cuda::device_count().is_ok() {
+        return;
+    }
+    let out = mirra(&["topo"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: mirra topo: no CUDA driver found"),
+        "{err}"
+    );
 }
 
 /// Bare `mirra` used to print only the description: the usage, with the commands.

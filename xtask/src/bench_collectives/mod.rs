@@ -23,6 +23,7 @@
 //! fails (a collective returns an error) is reported and skipped; the command then ends
 //! with exit status 1, as it does when any of mirra's results is wrong.
 
+mod gpu;
 mod peers;
 mod targets;
 
@@ -31,7 +32,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use mirra_collectives::{Config, BACKENDS, MAX_WORLD_SIZE};
+use mirra_collectives::{Config, BACKENDS, DEVICE_BACKENDS, MAX_WORLD_SIZE};
 use serde_json::{json, Value};
 
 use self::peers::{Peer, PeerRun, SizePlan};
@@ -86,6 +87,25 @@ struct Args {
     /// cores: OpenMPI's time moved by 30% between two runs minutes apart).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=9))]
     rounds: u64,
+    /// `cuda`: the GPU backends' table instead (cuda-ring with every rank on cuda:0, NCCL one
+    /// rank per GPU), beside the device copy -> target/bench/collectives-gpu.json.
+    #[arg(long, value_parser = device_kind)]
+    device: Option<DeviceKind>,
+}
+
+/// Which table `--device` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+fn device_kind(s: &str) -> Result<DeviceKind, String> {
+    match s.trim() {
+        "cpu" => Ok(DeviceKind::Cpu),
+        "cuda" | "cuda:0" => Ok(DeviceKind::Cuda),
+        other => Err(format!("`cpu` or `cuda`, got `{other}`")),
+    }
 }
 
 /// The peers of `--peers`.
@@ -98,12 +118,13 @@ fn peer_list(s: &str) -> Result<PeerList, String> {
 
 fn backend_name(s: &str) -> Result<String, String> {
     let s = s.trim();
-    if BACKENDS.contains(&s) {
+    if BACKENDS.contains(&s) || DEVICE_BACKENDS.contains(&s) {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "unknown backend `{s}` (known: {})",
-            BACKENDS.join(", ")
+            "unknown backend `{s}` (known: {}, {})",
+            BACKENDS.join(", "),
+            DEVICE_BACKENDS.join(", ")
         ))
     }
 }
@@ -134,6 +155,7 @@ struct Options {
     peers: Vec<Peer>,
     out: Option<PathBuf>,
     rounds: usize,
+    device: DeviceKind,
 }
 
 /// The options of `args`; `Ok(None)` after `--help`.
@@ -153,11 +175,12 @@ fn parse(args: &[String]) -> Result<Option<Options>, Failure> {
             world_sizes.push(n);
         }
     }
+    let device = a.device.unwrap_or(DeviceKind::Cpu);
     let mut backends = Vec::new();
-    for b in a
-        .backends
-        .unwrap_or_else(|| BACKENDS.iter().map(|s| s.to_string()).collect())
-    {
+    for b in a.backends.unwrap_or_else(|| match device {
+        DeviceKind::Cpu => BACKENDS.iter().map(|s| s.to_string()).collect(),
+        DeviceKind::Cuda => gpu::default_backends(std::env::var("NCCL_ALGO").ok().as_deref()),
+    }) {
         if !backends.contains(&b) {
             backends.push(b);
         }
@@ -172,6 +195,7 @@ fn parse(args: &[String]) -> Result<Option<Options>, Failure> {
         peers: a.peers.map_or_else(|| Peer::ALL.to_vec(), |p| p.0),
         out: a.out,
         rounds: a.rounds as usize,
+        device,
     }))
 }
 
@@ -238,6 +262,18 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         return Ok(());
     };
     let started = Instant::now();
+    if o.device == DeviceKind::Cuda {
+        return gpu::run(&o, args, started);
+    }
+    if let Some(b) = o
+        .backends
+        .iter()
+        .find(|b| DEVICE_BACKENDS.contains(&b.as_str()))
+    {
+        return Err(Failure::usage(format!(
+            "xtask bench-collectives: `{b}` is a GPU backend: add --device cuda"
+        )));
+    }
     let out_path = bench_file(o.out.as_deref(), "collectives.json");
     let facts = machine::facts();
     let config = Config::default();
@@ -407,58 +443,76 @@ fn measure_mirra(
                     continue;
                 }
             };
-            'ops: for op in Op::ALL {
-                println!("{}", nccl::header(op, backend, n));
-                let first = rows.len();
-                let mut previous: Option<(usize, f64)> = None;
-                for bytes in sizes(op, o.max_bytes, o.quick) {
-                    let (bytes, count) = op.shape(bytes, 4, n);
-                    let predicted = previous.map(|(b, t)| t * bytes as f64 / b as f64);
-                    let (warmup, iters) = iterations(bytes, predicted, o.quick);
-                    let job = Job {
-                        op,
-                        count,
-                        warmup,
-                        iters,
-                    };
-                    match group.run(job) {
-                        Ok(outcome) => {
-                            let row = Row {
-                                backend: backend.clone(),
-                                world_size: n,
-                                op,
-                                dtype: "f32",
-                                bytes,
-                                count,
-                                seconds: median(&outcome.seconds),
-                                wrong: outcome.wrong,
-                                copy_gbs: (op == Op::AllReduce).then(|| copy(n, bytes)).flatten(),
-                            };
-                            println!("{}", row.line());
-                            previous = Some((bytes, row.seconds));
-                            rows.push(row);
-                        }
-                        Err(e) => {
-                            println!("# error: {} {} bytes: {e}", op.name(), bytes);
-                            errors.push(json!({
-                                "backend": backend,
-                                "world_size": n,
-                                "op": op.name(),
-                                "bytes": bytes,
-                                "error": e,
-                            }));
-                            // The group is aborted: skip its remaining sizes and ops.
-                            break 'ops;
-                        }
-                    }
-                }
-                if let Some(line) = nccl::avg_busbw_line(&rows[first..]) {
-                    println!("{line}");
-                }
-            }
+            sweep(&group, backend, n, o, copy, &mut rows, errors, &mut |_| {});
         }
     }
     rows
+}
+
+/// Every op and size of the sweep on one group of `n` ranks of `backend`: each row printed
+/// and pushed to `rows` as it is measured (then shown to `after_row`); a failure is
+/// recorded in `errors` and ends the group (it is aborted).
+#[allow(clippy::too_many_arguments)]
+fn sweep(
+    group: &Group,
+    backend: &str,
+    n: usize,
+    o: &Options,
+    copy: &dyn Fn(usize, usize) -> Option<f64>,
+    rows: &mut Vec<Row>,
+    errors: &mut Vec<Value>,
+    after_row: &mut dyn FnMut(&Row),
+) {
+    for op in Op::ALL {
+        println!("{}", nccl::header(op, backend, n));
+        let first = rows.len();
+        let mut previous: Option<(usize, f64)> = None;
+        for bytes in sizes(op, o.max_bytes, o.quick) {
+            let (bytes, count) = op.shape(bytes, 4, n);
+            let predicted = previous.map(|(b, t)| t * bytes as f64 / b as f64);
+            let (warmup, iters) = iterations(bytes, predicted, o.quick);
+            let job = Job {
+                op,
+                count,
+                warmup,
+                iters,
+            };
+            match group.run(job) {
+                Ok(outcome) => {
+                    let row = Row {
+                        backend: backend.to_string(),
+                        world_size: n,
+                        op,
+                        dtype: "f32",
+                        bytes,
+                        count,
+                        seconds: median(&outcome.seconds),
+                        wrong: outcome.wrong,
+                        copy_gbs: (op == Op::AllReduce).then(|| copy(n, bytes)).flatten(),
+                    };
+                    println!("{}", row.line());
+                    previous = Some((bytes, row.seconds));
+                    after_row(&row);
+                    rows.push(row);
+                }
+                Err(e) => {
+                    println!("# error: {} {} bytes: {e}", op.name(), bytes);
+                    errors.push(json!({
+                        "backend": backend,
+                        "world_size": n,
+                        "op": op.name(),
+                        "bytes": bytes,
+                        "error": e,
+                    }));
+                    // The group is aborted: skip its remaining sizes and ops.
+                    return;
+                }
+            }
+        }
+        if let Some(line) = nccl::avg_busbw_line(&rows[first..]) {
+            println!("{line}");
+        }
+    }
 }
 
 /// One round of the peers over the all-reduce sweep, timed and checked the same way.
