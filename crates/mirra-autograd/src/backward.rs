@@ -101,6 +101,7 @@ pub(crate) fn input_grads(
         }
         Op::Gather { axis, index } => to(ia, &|| Ok(g.scatter_add(*axis, index, dims(ia))?))?,
         Op::MaskMul { mask } => to(ia, &|| Ok(g.mul(mask)?))?,
+        Op::Im2Col { window, channels } => to(ia, &|| Ok(g.col2im(window, *channels)?))?,
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! What a tape node remembers of its operation: enough saved tensors to compute the
 //! gradients of its inputs, and nothing more.
 
-use mirra_tensor::{Shape, Tensor, UnaryOp};
+use mirra_tensor::{Shape, Tensor, UnaryOp, Window2d};
 
 /// A recorded operation. Input shapes come from the input nodes; only what backward needs
 /// beyond them is saved here.
@@ -81,6 +81,11 @@ pub(crate) enum Op {
     /// Multiplication by a constant mask (dropout), already scaled.
     MaskMul {
         mask: Tensor,
+    },
+    /// The patches of a 2D window over a `[n, h, w, c]` input (convolution, pooling).
+    Im2Col {
+        window: Window2d,
+        channels: usize,
     },
 }
 

@@ -1,4 +1,4 @@
-use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp};
+use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp, Window2d};
 
 use crate::op::{Op, NONE};
 use crate::tape::Gradients;
@@ -275,6 +275,17 @@ impl<'t> Var<'t> {
         Ok(self.from1(value, || Op::Gather {
             axis,
             index: index.clone(),
+        }))
+    }
+
+    /// The patches of `window` over this `[n, h, w, c]` value ([`Tensor::im2col`]); the
+    /// gradient sums them back ([`Tensor::col2im`]).
+    pub fn im2col(&self, window: &Window2d) -> Result<Var<'t>> {
+        let value = self.value.im2col(window)?;
+        let channels = self.value.dims().last().copied().unwrap_or(0);
+        Ok(self.from1(value, || Op::Im2Col {
+            window: *window,
+            channels,
         }))
     }
 

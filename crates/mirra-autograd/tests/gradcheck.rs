@@ -16,7 +16,7 @@
 //! by O(1), and a gradient off by 2e-4 relative already fails.
 
 use mirra_autograd::{Tape, Var};
-use mirra_tensor::{DType, Device, Tensor, UnaryOp};
+use mirra_tensor::{DType, Device, Padding, Tensor, UnaryOp, Window2d};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
@@ -571,6 +571,74 @@ proptest! {
         let mask = mask.tensor();
         check(seed, &[a], |v| v[0].mask_mul(&mask))?;
     }
+
+    #[test]
+    fn im2col((x, win) in window_operands(Vals::Uniform(-2.0, 2.0)), seed: u64) {
+        check(seed, &[x], |v| v[0].im2col(&win))?;
+    }
+
+    #[test]
+    fn conv2d_with_bias(
+        (x, win) in window_operands(Vals::Uniform(-2.0, 2.0)),
+        filters in 1usize..=3,
+        seed: u64,
+    ) {
+        // A Conv2D layer as the layers build it: patches, a matrix product with the kernel
+        // reshaped to [kh * kw * c, f], back to [n, oh, ow, f], plus a bias.
+        let c = x.dims[3];
+        let rows = win.taps() * c;
+        let kernel = Arr {
+            dims: vec![win.kernel[0], win.kernel[1], c, filters],
+            data: weights(seed ^ 1, rows * filters),
+        };
+        let bias = Arr { dims: vec![filters], data: weights(seed ^ 2, filters) };
+        let [oh, ow] = win.output;
+        let n = x.dims[0];
+        check(seed, &[x, kernel, bias], |v| {
+            v[0].im2col(&win)?
+                .reshape(&[n * oh * ow, rows])?
+                .matmul(&v[1].reshape(&[rows, filters])?)?
+                .reshape(&[n, oh, ow, filters])?
+                .add(&v[2])
+        })?;
+    }
+
+    #[test]
+    fn max_pool((x, win) in window_operands(Vals::Distinct), seed: u64) {
+        // MaxPooling2D: the largest tap of each window, per channel (valid windows: no
+        // padded zero can win).
+        let win = Window2d::new(win.input, win.kernel, win.stride, [1, 1], Padding::Valid);
+        prop_assume!(win.is_ok());
+        let win = win.unwrap();
+        let (n, c) = (x.dims[0], x.dims[3]);
+        let [oh, ow] = win.output;
+        check(seed, &[x], |v| {
+            v[0].im2col(&win)?
+                .reshape(&[n, oh, ow, win.taps(), c])?
+                .max(&[3], false)
+        })?;
+    }
+}
+
+/// An `[n, h, w, c]` input and a window over it: kernel 1 to 3, stride and dilation 1 or 2,
+/// `same` or `valid` padding (redrawn where a `valid` window does not fit).
+fn window_operands(vals: Vals) -> impl Strategy<Value = (Arr, Window2d)> {
+    (
+        1usize..=2,
+        2usize..=6,
+        2usize..=6,
+        1usize..=3,
+        1usize..=3,
+        1usize..=2,
+        1usize..=2,
+        any::<bool>(),
+    )
+        .prop_filter_map("the window fits", |(n, h, w, c, k, s, d, same)| {
+            let padding = if same { Padding::Same } else { Padding::Valid };
+            let win = Window2d::new([h, w], [k, k], [s, s], [d, d], padding).ok()?;
+            Some((vec![n, h, w, c], win))
+        })
+        .prop_flat_map(move |(dims, win)| (arr(Just(dims), vals), Just(win)))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-//! The layers: Dense, Flatten, Dropout.
+//! The layers: Dense, Flatten, Reshape, Dropout.
 
 use mirra_autograd::Var;
 use mirra_tensor::init::{bernoulli, Initializer};
@@ -130,6 +130,51 @@ impl Layer for Flatten {
     fn forward<'t>(&self, x: &Var<'t>, _: &[Var<'t>], _: &mut ForwardCtx<'_>) -> Result<Var<'t>> {
         let batch = x.shape().first().copied().unwrap_or(1);
         Ok(x.reshape(&[batch, usize::MAX])?)
+    }
+}
+
+/// Gives each example another shape with the same number of elements, as Keras's
+/// `Reshape(target_shape)` (the batch dimension is kept).
+#[derive(Clone, Debug)]
+pub struct Reshape {
+    target: Vec<usize>,
+}
+
+impl Reshape {
+    /// Examples reshaped to `target` (without the batch dimension).
+    pub fn new(target: &[usize]) -> Reshape {
+        Reshape {
+            target: target.to_vec(),
+        }
+    }
+}
+
+impl Layer for Reshape {
+    fn kind(&self) -> &'static str {
+        "reshape"
+    }
+
+    fn build(&mut self, input: &[usize]) -> Result<(Vec<ParamSpec>, Vec<usize>)> {
+        let (have, want) = (
+            input.iter().product::<usize>(),
+            self.target.iter().product::<usize>(),
+        );
+        if have != want {
+            return Err(NnError::Config {
+                layer: "reshape".into(),
+                msg: format!(
+                    "inputs {input:?} have {have} elements, the target {:?} {want}",
+                    self.target
+                ),
+            });
+        }
+        Ok((vec![], self.target.clone()))
+    }
+
+    fn forward<'t>(&self, x: &Var<'t>, _: &[Var<'t>], _: &mut ForwardCtx<'_>) -> Result<Var<'t>> {
+        let mut dims = vec![x.shape().first().copied().unwrap_or(1)];
+        dims.extend(&self.target);
+        Ok(x.reshape(&dims)?)
     }
 }
 

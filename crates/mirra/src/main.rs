@@ -40,7 +40,8 @@ pub struct TopoArgs {
 /// Flags of `mirra train`.
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
-    /// The model to train.
+    /// The model to train: mlp (Flatten, Dense 128, 64, 10: 109,386 parameters) or cnn
+    /// (Conv2D 32 and 64 of 3x3, each with 2x2 max pooling, Dense 128, 10: 225,034).
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// Number of epochs.

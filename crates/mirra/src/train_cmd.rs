@@ -44,6 +44,13 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         });
     }
     let device = devices[0];
+    if args.model == "cnn" && !device.is_cpu() {
+        return Err(Failure::Usage(format!(
+            "--model cnn with --device {}: convolutions and pooling run on the host in this \
+             build (--device cpu)",
+            args.device
+        )));
+    }
     if args.tf32 && device.is_cpu() {
         return Err(Failure::Usage(
             "--tf32 with --device cpu: TF32 is a CUDA matmul mode; the CPU computes f32 \

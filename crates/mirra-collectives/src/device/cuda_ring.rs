@@ -311,7 +311,16 @@ impl Launch<'_> {
         for (rs, pool) in ring.ranks.iter().zip(pools) {
             *mirra_device::sync::lock(&rs.events) = pool;
         }
-        result?;
+        if let Err(e) = result {
+            // Part of the collective is queued: let it run out before the error lets the
+            // callers free the buffers (whatever it computed is not used).
+            for rs in &ring.ranks {
+                for lane in &rs.lanes {
+                    let _ = lane.synchronize();
+                }
+            }
+            return Err(e);
+        }
         // The join: every rank's completion follows every lane of every rank.
         let mut ends = Vec::with_capacity(n * LANES);
         for (r, rs) in ring.ranks.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! Tensor operations, one module per family. Each family has one generic kernel that
 //! serves every dtype it supports.
 
+mod conv;
 mod cuda;
 mod elementwise;
 mod index;
@@ -10,4 +11,5 @@ mod reduce;
 mod shape_ops;
 mod softmax;
 
+pub use conv::{Padding, Window2d};
 pub use elementwise::{BinaryOp, UnaryOp};
