@@ -90,18 +90,30 @@ pub(crate) fn input_grads(
             Ok(Tensor::concat(&[&before, &g, &after], *axis as isize)?)
         })?,
         Op::BroadcastTo => to(ia, &|| Ok(g.clone()))?,
-        Op::Concat { axis, parts } => {
+        Op::Concat { axis, parts, sizes } => {
             let mut offset = 0;
-            for &(input, size) in parts {
+            for (&input, &size) in parts.iter().zip(sizes) {
                 if input != NONE {
                     emit(input, g.narrow(*axis as isize, offset, size)?)?;
                 }
                 offset += size;
             }
         }
+        Op::AddN { parts } => {
+            for &input in parts.iter().filter(|&&i| i != NONE) {
+                emit(input, g.sum_to(dims(input))?)?;
+            }
+        }
         Op::Gather { axis, index } => to(ia, &|| Ok(g.scatter_add(*axis, index, dims(ia))?))?,
         Op::MaskMul { mask } => to(ia, &|| Ok(g.mul(mask)?))?,
         Op::Im2Col { window, channels } => to(ia, &|| Ok(g.col2im(window, *channels)?))?,
+        Op::MaxPool2d { argmax } => to(ia, &|| {
+            // Each output's gradient to its winning input element.
+            let (m, total) = (argmax.elem_count(), dims(ia).iter().product::<usize>());
+            let flat = g.reshape(&[m])?;
+            let grad = flat.scatter_add(0, &argmax.reshape(&[m])?, &[total])?;
+            Ok(grad.reshape(dims(ia))?)
+        })?,
     }
     Ok(())
 }

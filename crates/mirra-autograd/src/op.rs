@@ -70,9 +70,16 @@ pub(crate) enum Op {
         start: usize,
     },
     BroadcastTo,
+    /// Inputs `parts` (node ids, `NONE` for constants) joined along `axis`, each `sizes`
+    /// long there.
     Concat {
         axis: usize,
-        parts: Vec<(usize, usize)>,
+        parts: Vec<usize>,
+        sizes: Vec<usize>,
+    },
+    /// The sum of any number of inputs (`parts`), broadcasting.
+    AddN {
+        parts: Vec<usize>,
     },
     Gather {
         axis: isize,
@@ -82,6 +89,10 @@ pub(crate) enum Op {
     MaskMul {
         mask: Tensor,
     },
+    /// The largest tap of each 2D window; `argmax` holds each output's flat input index.
+    MaxPool2d {
+        argmax: Tensor,
+    },
     /// The patches of a 2D window over a `[n, h, w, c]` input (convolution, pooling).
     Im2Col {
         window: Window2d,
@@ -89,7 +100,19 @@ pub(crate) enum Op {
     },
 }
 
-/// One recorded operation with its inputs (node ids; `NONE` where absent).
+impl Op {
+    /// The inputs of an op that takes any number of them (node ids, `NONE` for
+    /// constants); empty for the ops of one or two inputs, which [`Node::inputs`] holds.
+    pub(crate) fn variadic_inputs(&self) -> &[usize] {
+        match self {
+            Op::Concat { parts, .. } | Op::AddN { parts } => parts,
+            _ => &[],
+        }
+    }
+}
+
+/// One recorded operation with its inputs (node ids; `NONE` where absent; an op of any
+/// number of inputs keeps them in the op, [`Op::variadic_inputs`]).
 #[derive(Debug)]
 pub(crate) struct Node {
     pub op: Op,
@@ -98,6 +121,17 @@ pub(crate) struct Node {
     /// The first (lowest-numbered) node that consumed this one: once backward has passed
     /// it, this node's gradient is final.
     pub first_use: usize,
+}
+
+impl Node {
+    /// Every input of the node, fixed and variadic, `NONE` skipped.
+    pub(crate) fn all_inputs(&self) -> impl Iterator<Item = usize> + '_ {
+        self.inputs
+            .iter()
+            .chain(self.op.variadic_inputs())
+            .copied()
+            .filter(|&i| i != NONE)
+    }
 }
 
 /// Marks an absent input or an unused node.

@@ -68,16 +68,9 @@ impl Tape {
     pub(crate) fn push(&self, op: Op, inputs: [usize; 2], shape: Shape) -> usize {
         let mut nodes = self.nodes.borrow_mut();
         let id = nodes.len();
-        for &i in &inputs {
+        for &i in inputs.iter().chain(op.variadic_inputs()) {
             if i != NONE && nodes[i].first_use == NONE {
                 nodes[i].first_use = id;
-            }
-        }
-        if let Op::Concat { parts, .. } = &op {
-            for &(i, _) in parts {
-                if i != NONE && nodes[i].first_use == NONE {
-                    nodes[i].first_use = id;
-                }
             }
         }
         nodes.push(Node {
@@ -127,16 +120,7 @@ impl Tape {
                 accumulate(&mut grads[input], gi)
             })?;
             // Parameters first used here have received every contribution: hand them out.
-            let concat_inputs = match &node.op {
-                Op::Concat { parts, .. } => &parts[..],
-                _ => &[],
-            };
-            let inputs = node
-                .inputs
-                .iter()
-                .copied()
-                .chain(concat_inputs.iter().map(|p| p.0));
-            for input in inputs.filter(|&i| i != NONE) {
+            for input in node.all_inputs() {
                 let leaf = &nodes[input];
                 if let (Op::Leaf { key: Some(key) }, true) = (&leaf.op, leaf.first_use == id) {
                     if let Some(g) = grads[input].take() {

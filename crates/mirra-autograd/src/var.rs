@@ -289,6 +289,13 @@ impl<'t> Var<'t> {
         }))
     }
 
+    /// The largest tap of each `window` over this `[n, h, w, c]` value, per channel
+    /// ([`Tensor::max_pool2d`]); the gradient goes to each window's winner.
+    pub fn max_pool2d(&self, window: &Window2d) -> Result<Var<'t>> {
+        let (value, argmax) = self.value.max_pool2d(window)?;
+        Ok(self.from1(value, || Op::MaxPool2d { argmax }))
+    }
+
     /// Multiply by a constant tensor (a dropout mask), broadcasting.
     pub fn mask_mul(&self, mask: &Tensor) -> Result<Var<'t>> {
         let value = self.value.binary(BinaryOp::Mul, mask)?;
@@ -312,11 +319,41 @@ impl<'t> Var<'t> {
         let value = Tensor::concat(&values, axis)?;
         let ax = first.shape().axis("concat", axis)?;
         let id = if vars.iter().any(|v| v.id.is_some()) {
-            let parts = vars
-                .iter()
-                .map(|v| (v.id.unwrap_or(NONE), v.shape()[ax]))
-                .collect();
-            Some(tape.push(Op::Concat { axis: ax, parts }, [NONE, NONE], *value.shape()))
+            let parts = vars.iter().map(|v| v.id.unwrap_or(NONE)).collect();
+            let sizes = vars.iter().map(|v| v.shape()[ax]).collect();
+            let op = Op::Concat {
+                axis: ax,
+                parts,
+                sizes,
+            };
+            Some(tape.push(op, [NONE, NONE], *value.shape()))
+        } else {
+            None
+        };
+        Ok(Var { tape, id, value })
+    }
+
+    /// The sum of any number of variables, broadcasting (Keras's `Add` layer: a residual
+    /// block's skip connection): one node, whose gradient goes to every input.
+    pub fn add_n(vars: &[&Var<'t>]) -> Result<Var<'t>> {
+        let first = vars.first().ok_or_else(|| {
+            AutogradError::Tensor(mirra_tensor::TensorError::Invalid {
+                op: "add_n",
+                msg: "no variables given".into(),
+                shape: Shape::scalar(),
+            })
+        })?;
+        let tape = first.tape;
+        if vars.iter().any(|v| !std::ptr::eq(v.tape, tape)) {
+            return Err(AutogradError::ForeignTape { op: "add_n" });
+        }
+        let mut value = first.value.clone();
+        for v in &vars[1..] {
+            value = value.add(&v.value)?;
+        }
+        let id = if vars.iter().any(|v| v.id.is_some()) {
+            let parts = vars.iter().map(|v| v.id.unwrap_or(NONE)).collect();
+            Some(tape.push(Op::AddN { parts }, [NONE, NONE], *value.shape()))
         } else {
             None
         };

@@ -562,6 +562,23 @@ proptest! {
     }
 
     #[test]
+    fn add_n(
+        parts in dims().prop_flat_map(|out| vec(arr(broadcast_from(out), normal()), 1..=4)),
+        twice: bool,
+        seed: u64,
+    ) {
+        // Any number of inputs, broadcasting; with `twice`, the first input also comes
+        // last (its gradient accumulates).
+        check(seed, &parts, |v| {
+            let mut refs: Vec<&Var<'_>> = v.iter().collect();
+            if twice {
+                refs.push(&v[0]);
+            }
+            Var::add_n(&refs)
+        })?;
+    }
+
+    #[test]
     fn gather((a, ax, index) in gather_operands(), seed: u64) {
         check(seed, &[a], |v| v[0].gather(ax as isize, &index))?;
     }
@@ -605,12 +622,13 @@ proptest! {
 
     #[test]
     fn max_pool((x, win) in window_operands(Vals::Distinct), seed: u64) {
-        // MaxPooling2D: the largest tap of each window, per channel (valid windows: no
-        // padded zero can win).
+        // MaxPooling2D two ways: the largest of the patches (valid windows: no padded zero
+        // can win), and the pooling op with its winners' indices (any window).
+        let (n, c) = (x.dims[0], x.dims[3]);
+        check(seed, std::slice::from_ref(&x), |v| v[0].max_pool2d(&win))?;
         let win = Window2d::new(win.input, win.kernel, win.stride, [1, 1], Padding::Valid);
         prop_assume!(win.is_ok());
         let win = win.unwrap();
-        let (n, c) = (x.dims[0], x.dims[3]);
         let [oh, ow] = win.output;
         check(seed, &[x], |v| {
             v[0].im2col(&win)?

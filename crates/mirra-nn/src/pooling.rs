@@ -1,7 +1,7 @@
-//! Pooling layers, channels-last as Keras's: `MaxPooling2D`, `AveragePooling2D`,
-//! `GlobalAveragePooling2D`. A pooling window is the patches of the convolution's
-//! `im2col` reduced by a max or a mean over the taps, so its gradient is theirs (the max's
-//! goes to the largest tap, shared among ties).
+//! Pooling layers, channels-last as Keras's: `MaxPooling2D` (the pooling op, which keeps
+//! each window's winner for the gradient: the first of equal maxima, as TensorFlow's and
+//! PyTorch's), `AveragePooling2D` (the convolution's `im2col` patches averaged over the
+//! taps, so its gradient is theirs), `GlobalAveragePooling2D`.
 
 use mirra_autograd::Var;
 use mirra_tensor::{Padding, Window2d};
@@ -44,10 +44,12 @@ impl Pool2d {
         let d = x.shape();
         let (n, c) = (d[0], d[d.len() - 1]);
         let [oh, ow] = window.output;
-        let taps = x.im2col(window)?.reshape(&[n, oh, ow, window.taps(), c])?;
         Ok(match self.reduce {
-            Reduce::Max => taps.max(&[3], false)?,
-            Reduce::Mean => taps.mean(&[3], false)?,
+            Reduce::Max => x.max_pool2d(window)?,
+            Reduce::Mean => x
+                .im2col(window)?
+                .reshape(&[n, oh, ow, window.taps(), c])?
+                .mean(&[3], false)?,
         })
     }
 }

@@ -87,6 +87,16 @@ impl Window2d {
         })
     }
 
+    /// True when no tap of any window falls outside the input (no padding on either side).
+    pub fn all_taps_inside(&self) -> bool {
+        (0..2).all(|d| {
+            self.pad[d] == 0
+                && self.output[d] > 0
+                && (self.output[d] - 1) * self.stride[d] + (self.kernel[d] - 1) * self.dilation[d]
+                    < self.input[d]
+        })
+    }
+
     /// Elements of one patch per channel (`kh * kw`).
     pub fn taps(&self) -> usize {
         self.kernel[0] * self.kernel[1]
@@ -114,28 +124,37 @@ impl Tensor {
         let size = x.dtype().size_in_bytes();
         let [oh, ow] = window.output;
         let row = window.taps() * c;
-        let mut out = Buffer::zeros(x.dtype(), n * oh * ow * row, x.device())?;
+        // When every tap is inside the input, every byte gets written.
+        let mut out = if window.all_taps_inside() {
+            Buffer::alloc(x.dtype(), n * oh * ow * row, x.device())?
+        } else {
+            Buffer::zeros(x.dtype(), n * oh * ow * row, x.device())?
+        };
         let src = &x.buffer().as_bytes()?[x.layout().offset() * size..];
         let dst = out.as_bytes_mut()?;
         let [h, w] = window.input;
         let run = c * size;
-        for (p, patch) in dst.chunks_exact_mut(row * size).enumerate() {
-            let (b, rest) = (p / (oh * ow), p % (oh * ow));
-            let (y, xo) = (rest / ow, rest % ow);
-            for ki in 0..window.kernel[0] {
-                let Some(iy) = window.source(0, y, ki) else {
-                    continue;
-                };
-                for kj in 0..window.kernel[1] {
-                    let Some(ix) = window.source(1, xo, kj) else {
+        let fill = |first: usize, patches: &mut [u8]| {
+            for (q, patch) in patches.chunks_exact_mut(row * size).enumerate() {
+                let p = first + q;
+                let (b, rest) = (p / (oh * ow), p % (oh * ow));
+                let (y, xo) = (rest / ow, rest % ow);
+                for ki in 0..window.kernel[0] {
+                    let Some(iy) = window.source(0, y, ki) else {
                         continue;
                     };
-                    let from = ((b * h + iy) * w + ix) * run;
-                    let to = (ki * window.kernel[1] + kj) * run;
-                    patch[to..to + run].copy_from_slice(&src[from..from + run]);
+                    for kj in 0..window.kernel[1] {
+                        let Some(ix) = window.source(1, xo, kj) else {
+                            continue;
+                        };
+                        let from = ((b * h + iy) * w + ix) * run;
+                        let to = (ki * window.kernel[1] + kj) * run;
+                        patch[to..to + run].copy_from_slice(&src[from..from + run]);
+                    }
                 }
             }
-        }
+        };
+        split_rows(dst, row * size, &fill);
         Tensor::from_buffer(out, &[n, oh, ow, row])
     }
 
@@ -168,6 +187,89 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// The largest tap of each `window` over this `[n, h, w, c]` tensor, per channel
+    /// (`[n, oh, ow, c]`), and where it is: the flat index into this tensor of each output's
+    /// winner (i64, the first of equal maxima; a NaN wins, as every max of mirra's), for the
+    /// gradient (`g.scatter_add(0, argmax, ...)` over the flattened input). Taps outside the
+    /// input (`same` padding) never win.
+    pub fn max_pool2d(&self, window: &Window2d) -> Result<(Tensor, Tensor)> {
+        let op = "max_pool2d";
+        let [n, c] = check_nhwc(op, self, window.input)?;
+        if !self.device().is_cpu() {
+            return Err(on_device(op, self));
+        }
+        let x = self.contiguous()?;
+        match_float_dtype!(x.dtype(), T => max_pool_kernel::<T>(&x, window, n, c),
+            dtype => Err(TensorError::UnsupportedDType { op, dtype }))
+    }
+}
+
+fn max_pool_kernel<T: FloatElement>(
+    x: &Tensor,
+    window: &Window2d,
+    n: usize,
+    c: usize,
+) -> Result<(Tensor, Tensor)> {
+    let [h, w] = window.input;
+    let [oh, ow] = window.output;
+    let src = x.as_slice::<T>()?;
+    let mut argmax = vec![-1i64; n * oh * ow * c];
+    // Images split between threads; per output position, the winner of each channel.
+    split_rows(&mut argmax, oh * ow * c, &|first, images: &mut [i64]| {
+        let mut best = vec![<T::Acc as Element>::from_f64(0.0); c];
+        for (q, out) in images.chunks_exact_mut(c.max(1)).enumerate() {
+            let p = first * oh * ow + q;
+            let (b, rest) = (p / (oh * ow), p % (oh * ow));
+            let (y, xo) = (rest / ow, rest % ow);
+            let mut seen = false;
+            for ki in 0..window.kernel[0] {
+                let Some(iy) = window.source(0, y, ki) else {
+                    continue;
+                };
+                for kj in 0..window.kernel[1] {
+                    let Some(ix) = window.source(1, xo, kj) else {
+                        continue;
+                    };
+                    let base = ((b * h + iy) * w + ix) * c;
+                    let taps = &src[base..base + c];
+                    if !seen {
+                        for (ch, (bv, o)) in best.iter_mut().zip(out.iter_mut()).enumerate() {
+                            *bv = taps[ch].to_acc();
+                            *o = (base + ch) as i64;
+                        }
+                        seen = true;
+                        continue;
+                    }
+                    for (ch, (bv, o)) in best.iter_mut().zip(out.iter_mut()).enumerate() {
+                        let v = taps[ch].to_acc();
+                        // Larger wins; a NaN wins unless a NaN already did (NaN alone is
+                        // unequal to itself); the first of equal maxima stays.
+                        #[allow(clippy::eq_op)]
+                        let take = v > *bv || (v != v && *bv == *bv);
+                        if take {
+                            *bv = v;
+                            *o = (base + ch) as i64;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    if argmax.contains(&-1) {
+        return Err(TensorError::Invalid {
+            op: "max_pool2d",
+            msg: "a window with no tap inside the input".into(),
+            shape: *x.shape(),
+        });
+    }
+    let values: Vec<T> = argmax.iter().map(|&i| src[i as usize]).collect();
+    Ok((
+        Tensor::from_vec(values, &[n, oh, ow, c], x.device())?,
+        Tensor::from_vec(argmax, &[n, oh, ow, c], x.device())?,
+    ))
+}
+
 fn col2im_kernel<T: FloatElement>(
     cols: &Tensor,
     window: &Window2d,
@@ -179,27 +281,58 @@ fn col2im_kernel<T: FloatElement>(
     let row = window.taps() * c;
     let src = cols.as_slice::<T>()?;
     let mut acc = vec![<T::Acc as Element>::from_f64(0.0); n * h * w * c];
-    for (p, patch) in src.chunks_exact(row).enumerate() {
-        let (b, rest) = (p / (oh * ow), p % (oh * ow));
-        let (y, xo) = (rest / ow, rest % ow);
-        for ki in 0..window.kernel[0] {
-            let Some(iy) = window.source(0, y, ki) else {
-                continue;
-            };
-            for kj in 0..window.kernel[1] {
-                let Some(ix) = window.source(1, xo, kj) else {
+    // One image's patches add into that image alone: images split between threads.
+    let image = |b: usize, acc: &mut [T::Acc]| {
+        let patches = &src[b * oh * ow * row..(b + 1) * oh * ow * row];
+        for (rest, patch) in patches.chunks_exact(row).enumerate() {
+            let (y, xo) = (rest / ow, rest % ow);
+            for ki in 0..window.kernel[0] {
+                let Some(iy) = window.source(0, y, ki) else {
                     continue;
                 };
-                let at = ((b * h + iy) * w + ix) * c;
-                let from = (ki * window.kernel[1] + kj) * c;
-                for (a, &v) in acc[at..at + c].iter_mut().zip(&patch[from..from + c]) {
-                    *a = *a + v.to_acc();
+                for kj in 0..window.kernel[1] {
+                    let Some(ix) = window.source(1, xo, kj) else {
+                        continue;
+                    };
+                    let at = (iy * w + ix) * c;
+                    let from = (ki * window.kernel[1] + kj) * c;
+                    for (a, &v) in acc[at..at + c].iter_mut().zip(&patch[from..from + c]) {
+                        *a = *a + v.to_acc();
+                    }
                 }
             }
         }
-    }
+    };
+    split_rows(&mut acc, h * w * c, &|first, images: &mut [T::Acc]| {
+        for (i, one) in images.chunks_exact_mut((h * w * c).max(1)).enumerate() {
+            image(first + i, one);
+        }
+    });
     let out: Vec<T> = acc.into_iter().map(T::from_acc).collect();
     Tensor::from_vec(out, &[n, h, w, c], cols.device())
+}
+
+/// Elements moved below which a loop stays on the calling thread (waking a parked pool
+/// thread costs 0.1-0.8 ms on the development machines).
+const PARALLEL_MIN: usize = 1 << 20;
+
+/// Runs `f(first_row, rows)` over `data` cut into rows of `row` elements, on this thread's
+/// kernel threads ([`num_threads`](crate::num_threads)) when there is enough to move, each
+/// call with a run of whole rows and the index of its first.
+fn split_rows<E: Send>(data: &mut [E], row: usize, f: &(dyn Fn(usize, &mut [E]) + Sync)) {
+    let threads = crate::num_threads();
+    let rows = data.len() / row.max(1);
+    if threads <= 1 || data.len() < PARALLEL_MIN || rows < 2 {
+        f(0, data);
+        return;
+    }
+    crate::threads::ensure_rayon_pool();
+    let per = rows.div_ceil(threads);
+    rayon::scope(|s| {
+        for (i, part) in data.chunks_mut(per * row).enumerate() {
+            s.spawn(move |_| f(i * per, part));
+        }
+    });
 }
 
 /// `[n, c]` of an `[n, h, w, c]` tensor whose height and width are `hw`.
@@ -241,6 +374,11 @@ mod tests {
         // padding first.
         let w = window([28, 28], 3, 1, 1, Padding::Valid);
         assert_eq!((w.output, w.pad), ([26, 26], [0, 0]));
+        assert!(w.all_taps_inside());
+        // Padding only after the input (bottom, right): no padding before, yet taps outside.
+        let w = window([4, 2], 2, 1, 1, Padding::Same);
+        assert_eq!((w.output, w.pad), ([4, 2], [0, 0]));
+        assert!(!w.all_taps_inside());
         let w = window([28, 28], 3, 2, 1, Padding::Same);
         assert_eq!((w.output, w.pad), ([14, 14], [0, 0]));
         let w = window([7, 7], 3, 1, 1, Padding::Same);
@@ -299,6 +437,8 @@ mod tests {
             ([7, 7], 3, 1, 2, Padding::Same),
             ([6, 5], 2, 2, 1, Padding::Valid),
             ([4, 4], 4, 1, 1, Padding::Same),
+            // Padding after the input only (none before): the patches' tail must be zeros.
+            ([5, 6], 2, 1, 1, Padding::Same),
         ] {
             let (n, c, f) = (2, 3, 4);
             let x: Vec<f64> = (0..n * hw[0] * hw[1] * c)
@@ -310,8 +450,13 @@ mod tests {
             let win = window(hw, k, s, d, p);
             let xt = Tensor::from_slice(&x, &[n, hw[0], hw[1], c], Device::Cpu).unwrap();
             let kt = Tensor::from_slice(&kv, &[k * k * c, f], Device::Cpu).unwrap();
-            let cols = xt.im2col(&win).unwrap();
             let [oh, ow] = win.output;
+            // Recycled memory full of NaN: patches must not depend on what a buffer held.
+            let mut junk =
+                Buffer::alloc(crate::DType::F64, n * oh * ow * k * k * c, Device::Cpu).unwrap();
+            junk.as_mut_slice::<f64>().unwrap().fill(f64::NAN);
+            drop(junk);
+            let cols = xt.im2col(&win).unwrap();
             let got = cols
                 .reshape(&[n * oh * ow, k * k * c])
                 .unwrap()
@@ -363,6 +508,62 @@ mod tests {
                 .sum();
             assert_eq!(lhs, rhs, "{hw:?} k{k} s{s} d{d} {p:?}");
         }
+    }
+
+    #[test]
+    fn max_pooling_picks_the_first_largest_tap_and_lets_nan_win() {
+        // One 4x4 channel and its negation, windows 2x2 stride 2.
+        let x: Vec<f32> = (0..16).flat_map(|i| [i as f32, -(i as f32)]).collect();
+        let t = Tensor::from_slice(&x, &[1, 4, 4, 2], Device::Cpu).unwrap();
+        let win = window([4, 4], 2, 2, 1, Padding::Valid);
+        let (v, at) = t.max_pool2d(&win).unwrap();
+        assert_eq!(
+            v.to_vec::<f32>().unwrap(),
+            [5., 0., 7., -2., 13., -8., 15., -10.]
+        );
+        // Flat indices into the input: element 5 of channel 0 is at 10, element 0 of
+        // channel 1 at 1, ...
+        assert_eq!(at.to_vec::<i64>().unwrap(), [10, 1, 14, 5, 26, 17, 30, 21]);
+        // Ties: the first tap wins; a NaN wins and stays.
+        let ties =
+            Tensor::from_slice(&[1.0f32, 1.0, 1.0, 0.0], &[1, 2, 2, 1], Device::Cpu).unwrap();
+        let (_, at) = ties
+            .max_pool2d(&window([2, 2], 2, 2, 1, Padding::Valid))
+            .unwrap();
+        assert_eq!(at.to_vec::<i64>().unwrap(), [0]);
+        let nan =
+            Tensor::from_slice(&[1.0f32, f32::NAN, 3.0, 0.0], &[1, 2, 2, 1], Device::Cpu).unwrap();
+        let (v, at) = nan
+            .max_pool2d(&window([2, 2], 2, 2, 1, Padding::Valid))
+            .unwrap();
+        assert!(v.to_vec::<f32>().unwrap()[0].is_nan());
+        assert_eq!(at.to_vec::<i64>().unwrap(), [1]);
+        // `same` padding: padded taps never win, even over negative values.
+        let neg = Tensor::from_slice(&[-3.0f32, -1.0, -2.0], &[1, 1, 3, 1], Device::Cpu).unwrap();
+        let win = Window2d::new([1, 3], [1, 2], [1, 2], [1, 1], Padding::Same).unwrap();
+        let (v, _) = neg.max_pool2d(&win).unwrap();
+        assert_eq!(v.to_vec::<f32>().unwrap(), [-1.0, -2.0]);
+    }
+
+    #[test]
+    fn threads_do_not_change_a_bit() {
+        // Large enough for the parallel paths (more than PARALLEL_MIN elements moved).
+        let (n, h, w, c) = (16, 64, 64, 16);
+        assert!(n * h * w * c >= PARALLEL_MIN);
+        let x: Vec<f32> = (0..n * h * w * c)
+            .map(|i| ((i * 7919) % 1013) as f32 * 0.01)
+            .collect();
+        let xt = Tensor::from_slice(&x, &[n, h, w, c], Device::Cpu).unwrap();
+        let win = window([h, w], 3, 1, 1, Padding::Same);
+        let run = |threads: usize| {
+            crate::set_num_threads(threads);
+            let cols = xt.im2col(&win).unwrap();
+            let back = cols.col2im(&win, c).unwrap();
+            (cols.to_vec::<f32>().unwrap(), back.to_vec::<f32>().unwrap())
+        };
+        let one = run(1);
+        let two = run(2);
+        assert!(one == two, "1 and 2 threads differ");
     }
 
     #[test]
