@@ -33,7 +33,7 @@ use crate::json::{at_least, num, opt, save};
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::table::{cell, mark};
 use crate::timing::{median, Plan};
-use crate::{bench_gpu, cli, compare, machine, mlp, rss, subnormal, torch_mlp, Failure};
+use crate::{bench_gpu, cli, compare, machine, mnist_train, rss, subnormal, torch_train, Failure};
 
 /// Square matmul sizes.
 pub const SIZES: [usize; 3] = [256, 512, 1024];
@@ -45,6 +45,10 @@ pub const TARGET_RATIO_1024: f64 = 0.9;
 pub const TARGET_VS_TORCH: [(usize, f64); 2] = [(64, 1.5), (256, 1.6)];
 /// Buffer allocations per warmed-up step.
 pub const TARGET_ALLOCS_PER_STEP: f64 = 0.0;
+/// The CNN's batch size (issue 16's row).
+pub const CNN_BATCH: usize = 128;
+/// mirra's CNN training over PyTorch eager's (issue 16: ahead of PyTorch in the same run).
+pub const TARGET_CNN_VS_TORCH: f64 = 1.0;
 /// How far the benchmark's samples/s and `mirra train`'s may differ before the report
 /// says they disagree (noise between two runs of a shared machine is 10-20%).
 const AGREEMENT: f64 = 0.25;
@@ -78,6 +82,9 @@ struct Args {
     /// Skip the MLP training (and PyTorch and the `mirra train` cross-check).
     #[arg(long)]
     no_mlp: bool,
+    /// Skip the CNN training (and PyTorch's).
+    #[arg(long)]
+    no_cnn: bool,
     /// Skip PyTorch in the MLP comparison.
     #[arg(long)]
     no_torch: bool,
@@ -198,6 +205,14 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         put("mlp", mlp);
         put("cli", cli_section(&root, &target, &a, threads, epochs));
     }
+    put(
+        "cnn",
+        if a.no_cnn {
+            json!({ "unavailable": "skipped (--no-cnn)" })
+        } else {
+            cnn_section(&a, threads, rounds, epochs)
+        },
+    );
 
     put(
         "subnormal",
@@ -245,7 +260,7 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
     let mut ours: Vec<Vec<f64>> = vec![Vec::new(); BATCHES.len()];
     let mut ours_1: Vec<Vec<f64>> = vec![Vec::new(); BATCHES.len()];
     let mut theirs: Vec<Vec<f64>> = vec![Vec::new(); BATCHES.len()];
-    let mut last: Vec<Option<mlp::Epochs>> = vec![None; BATCHES.len()];
+    let mut last: Vec<Option<mnist_train::Epochs>> = vec![None; BATCHES.len()];
     let mut torch_info = Value::Null;
     let mut torch_reason: Option<String> = a.no_torch.then(|| "skipped (--no-torch)".into());
     let mut errors = Vec::new();
@@ -256,7 +271,7 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
                 "mlp: round {}/{rounds}, batch {b}: mirra, {threads} threads",
                 round + 1
             );
-            match mlp::measure(&mnist, b, threads, epochs) {
+            match mnist_train::measure(&mnist, b, threads, epochs) {
                 Ok(e) => {
                     ours[i].push(e.samples_per_sec);
                     last[i] = Some(e);
@@ -268,7 +283,7 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
                     "mlp: round {}/{rounds}, batch {b}: mirra, 1 thread",
                     round + 1
                 );
-                match mlp::measure(&mnist, b, 1, epochs) {
+                match mnist_train::measure(&mnist, b, 1, epochs) {
                     Ok(e) => ours_1[i].push(e.samples_per_sec),
                     Err(e) => errors.push(format!("mirra batch {b}, 1 thread: {e}")),
                 }
@@ -279,10 +294,17 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
                 "mlp: round {}/{rounds}: PyTorch, {threads} threads",
                 round + 1
             );
-            match torch_mlp::measure(&torch_dir, threads, epochs, mlp::SEED, &BATCHES, "cpu") {
+            match torch_train::measure(
+                &torch_dir,
+                threads,
+                epochs,
+                mnist_train::SEED,
+                &BATCHES,
+                "cpu",
+            ) {
                 Ok(v) => {
                     for (i, &b) in BATCHES.iter().enumerate() {
-                        if let Some(s) = torch_mlp::samples_per_sec(&v, b) {
+                        if let Some(s) = torch_train::samples_per_sec(&v, b) {
                             theirs[i].push(s);
                         }
                     }
@@ -370,6 +392,81 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
     })
 }
 
+/// The CNN (`mirra train --model cnn`) at batch [`CNN_BATCH`], mirra then PyTorch in each of
+/// `rounds` rounds, trained and timed as the MLP is.
+fn cnn_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value {
+    let mnist = match &a.data {
+        Some(dir) => Mnist::load(dir),
+        None => Mnist::bundled(),
+    };
+    let mnist = match mnist {
+        Ok(m) => m,
+        Err(e) => return json!({ "unavailable": format!("cannot load MNIST: {e}") }),
+    };
+    let torch_dir = a
+        .data
+        .clone()
+        .unwrap_or_else(|| workspace_root().join("data").join("mnist"));
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let mut last: Option<mnist_train::Epochs> = None;
+    let mut torch_reason: Option<String> = a.no_torch.then(|| "skipped (--no-torch)".into());
+    let mut errors = Vec::new();
+    for round in 0..rounds {
+        println!(
+            "cnn: round {}/{rounds}: mirra, {threads} threads",
+            round + 1
+        );
+        match mnist_train::measure_model("cnn", &mnist, CNN_BATCH, threads, epochs) {
+            Ok(e) => {
+                ours.push(e.samples_per_sec);
+                last = Some(e);
+            }
+            Err(e) => errors.push(format!("mirra: {e}")),
+        }
+        if torch_reason.is_none() {
+            println!(
+                "cnn: round {}/{rounds}: PyTorch, {threads} threads",
+                round + 1
+            );
+            let seed = mnist_train::SEED;
+            match torch_train::measure_model(
+                "cnn",
+                &torch_dir,
+                threads,
+                epochs,
+                seed,
+                &[CNN_BATCH],
+                "cpu",
+            ) {
+                Ok(v) => theirs.extend(torch_train::samples_per_sec(&v, CNN_BATCH)),
+                Err(e) => torch_reason = Some(e),
+            }
+        }
+    }
+    let med = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v));
+    let (m, t) = (med(&ours), med(&theirs));
+    let ratio = m.zip(t).map(|(m, t)| m / t);
+    json!({
+        "what": "the MNIST CNN (Conv2D 32 and 64 of 3x3 with 2x2 max pooling, Dense 128, 10) \
+                 trained as `mirra train --model cnn` trains it; PyTorch eager the same model \
+                 (channels first) the same way",
+        "batch": CNN_BATCH,
+        "threads": threads,
+        "epochs": epochs,
+        "rounds": rounds,
+        "mirra_samples_per_sec": opt(m, 0),
+        "mirra_samples_per_sec_rounds": ours.iter().map(|x| num(*x, 0)).collect::<Vec<_>>(),
+        "torch_samples_per_sec": opt(t, 0),
+        "torch_samples_per_sec_rounds": theirs.iter().map(|x| num(*x, 0)).collect::<Vec<_>>(),
+        "mirra_over_torch": opt(ratio, 3),
+        "last_epoch_loss": opt(last.map(|e| e.last_loss), 4),
+        "buffer_allocations_per_step": opt(last.map(|e| e.allocations_per_step), 2),
+        "torch_unavailable": torch_reason,
+        "errors": errors,
+        "targets": { "vs_torch": at_least(TARGET_CNN_VS_TORCH, ratio, 3) },
+    })
+}
+
 /// `mirra train` itself at batch 256: the samples/s of its timed epochs' lines, beside the
 /// in-process figure of the same configuration measured right after it.
 fn cli_section(
@@ -388,7 +485,7 @@ fn cli_section(
     cmd.args(["train", "--epochs", &epochs.to_string()])
         .args(["--batch-size", &batch.to_string()])
         .args(["--threads", &threads.to_string()])
-        .args(["--seed", &mlp::SEED.to_string()]);
+        .args(["--seed", &mnist_train::SEED.to_string()]);
     if let Some(d) = &a.data {
         cmd.arg("--data").arg(d);
     }
@@ -414,13 +511,13 @@ fn cli_section(
     };
     let bench = mnist
         .map_err(|e| e.to_string())
-        .and_then(|m| mlp::measure(&m, batch, threads, epochs))
+        .and_then(|m| mnist_train::measure(&m, batch, threads, epochs))
         .map(|e| e.samples_per_sec);
     let ratio = program
         .zip(bench.as_ref().ok().copied())
         .map(|(p, b)| b / p);
     json!({
-        "command": format!("mirra train --epochs {epochs} --batch-size {batch} --threads {threads} --seed {}", mlp::SEED),
+        "command": format!("mirra train --epochs {epochs} --batch-size {batch} --threads {threads} --seed {}", mnist_train::SEED),
         "epoch_samples_per_sec": per_epoch.iter().map(|x| num(*x, 0)).collect::<Vec<_>>(),
         "program_samples_per_sec": opt(program, 0),
         "bench_samples_per_sec": match &bench { Ok(b) => num(*b, 0), Err(_) => Value::Null },
@@ -509,6 +606,27 @@ pub fn print_table(r: &Value) {
                 None => "n/a",
             }
         );
+    }
+    let cnn = &r["cnn"];
+    if cnn.is_object() {
+        println!();
+        println!(
+            "{:<24} {:>12} {:>12} {:>8}   target",
+            "CNN training (samples/s)", "mirra", "PyTorch", "ours/pt"
+        );
+        println!(
+            "{:<24} {:>12} {:>12} {:>8}   >= {TARGET_CNN_VS_TORCH}  {}",
+            format!("  batch {CNN_BATCH}"),
+            cell(&cnn["mirra_samples_per_sec"], 0),
+            cell(&cnn["torch_samples_per_sec"], 0),
+            cell(&cnn["mirra_over_torch"], 2),
+            mark(&cnn["targets"]["vs_torch"]["met"]),
+        );
+        for key in ["unavailable", "torch_unavailable"] {
+            if let Some(why) = cnn[key].as_str() {
+                println!("  {}: {why}", key.replace('_', " "));
+            }
+        }
     }
     let s = &r["subnormal"];
     println!();

@@ -40,7 +40,7 @@ use serde_json::{json, Map, Value};
 
 use crate::json::{at_least, at_most, num, opt, save, write_bytes_atomic};
 use crate::timing::median;
-use crate::{machine, mlp, torch_mlp, Failure};
+use crate::{machine, mnist_train, torch_train, Failure};
 
 /// Elements of the memory-bound kernels (64M f32: 256 MiB an array).
 const ELEMENTS: usize = 64 << 20;
@@ -111,7 +111,14 @@ pub fn run(b: &GpuBench) -> Result<(), Failure> {
             .unwrap_or(Path::new("."))
             .join("mnist-bundled");
         bundled_mnist(&dir).map_err(Failure::run)?;
-        torch_mlp::measure(&dir, machine::cores(), epochs, mlp::SEED, &BATCHES, &dev)
+        torch_train::measure(
+            &dir,
+            machine::cores(),
+            epochs,
+            mnist_train::SEED,
+            &BATCHES,
+            &dev,
+        )
     };
     let mlp = mlp_section(&rt, device, epochs, torch_mlp.as_ref().ok());
     report.insert("mlp".into(), mlp);
@@ -372,28 +379,29 @@ fn mlp_section(rt: &Arc<Runtime>, device: Device, epochs: usize, torch: Option<&
     let mut targets = Map::new();
     for batch in BATCHES {
         println!("mlp: batch {batch} on {device}");
-        let gpu = (|| -> Result<(mlp::Epochs, f64, f64), String> {
+        let gpu = (|| -> Result<(mnist_train::Epochs, f64, f64), String> {
             set_num_threads(machine::cores());
-            let mut model = mlp::compile(None)?;
+            let mut model = mnist_train::compile(None)?;
             // What this training holds, not what the sections before it left cached.
             rt.empty_cache().map_err(err)?;
             rt.reset_peak_memory();
             model.to_device(device).map_err(err)?;
-            let data =
-                mirra::recipe::train_pipeline(&mnist.train, batch, mlp::SEED).map_err(err)?;
-            let e = mlp::train_epochs(&mut model, &data, epochs, 1)?;
+            let data = mirra::recipe::train_pipeline(&mnist.train, batch, mnist_train::SEED)
+                .map_err(err)?;
+            let e = mnist_train::train_epochs(&mut model, &data, epochs, 1)?;
             rt.synchronize().map_err(err)?;
             let m = rt.memory_stats();
             Ok((e, m.peak_in_use as f64, m.peak_reserved as f64))
         })();
         let cpu = (batch == 4096).then(|| {
             println!("mlp: batch {batch} on the CPU, {CPU_THREADS} threads");
-            let r = mlp::measure(&mnist, batch, CPU_THREADS, epochs).map(|e| e.samples_per_sec);
+            let r =
+                mnist_train::measure(&mnist, batch, CPU_THREADS, epochs).map(|e| e.samples_per_sec);
             set_num_threads(machine::cores());
             r
         });
-        let t = torch.and_then(|v| torch_mlp::samples_per_sec(v, batch));
-        let t_peak = torch.and_then(|v| torch_mlp::peak_device_bytes(v, batch));
+        let t = torch.and_then(|v| torch_train::samples_per_sec(v, batch));
+        let t_peak = torch.and_then(|v| torch_train::peak_device_bytes(v, batch));
         let (rate, peak, held, loss) = match &gpu {
             Ok((e, p, h)) => (Ok(e.samples_per_sec), Some(*p), Some(*h), Some(e.last_loss)),
             Err(e) => (Err(e.clone()), None, None, None),
@@ -409,7 +417,7 @@ fn mlp_section(rt: &Arc<Runtime>, device: Device, epochs: usize, torch: Option<&
         // segments, cuBLAS's workspaces among them): reported, not a target.
         v["peak_reserved_mib"] = mib(held);
         v["torch_peak_reserved_mib"] =
-            mib(torch.and_then(|v| torch_mlp::peak_reserved_bytes(v, batch)));
+            mib(torch.and_then(|v| torch_train::peak_reserved_bytes(v, batch)));
         if let Some(c) = &cpu {
             v["cpu_2_threads"] = match c {
                 Ok(c) => num(*c, 0),
@@ -503,7 +511,7 @@ print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_na
 /// Runs [`TORCH_KERNELS`] in `python3`: its JSON, or why there is none.
 fn torch_kernels(ordinal: usize, n: usize) -> Result<Value, String> {
     let args = [ordinal, n, REPEATS].map(|a| a.to_string().into());
-    torch_mlp::run_script(TORCH_KERNELS, &args, None)
+    torch_train::run_script(TORCH_KERNELS, &args, None)
 }
 
 /// The report as one markdown table: each figure, what it is held against, the target.
@@ -597,12 +605,12 @@ mod tests {
     #[test]
     fn a_script_error_or_silence_is_an_error_and_its_json_a_value() {
         let ok =
-            torch_mlp::last_json_line(b"noise\n{\"figures\": {\"copy_gbs\": 1.5}}\n", b"", "0");
+            torch_train::last_json_line(b"noise\n{\"figures\": {\"copy_gbs\": 1.5}}\n", b"", "0");
         assert_eq!(ok.unwrap()["figures"]["copy_gbs"], 1.5);
         let e =
-            torch_mlp::last_json_line(b"{\"error\": \"torch sees no CUDA device\"}\n", b"", "0");
+            torch_train::last_json_line(b"{\"error\": \"torch sees no CUDA device\"}\n", b"", "0");
         assert_eq!(e.unwrap_err(), "torch sees no CUDA device");
-        let e = torch_mlp::last_json_line(b"", b"Traceback\nNameError: x\n", "exit status: 1")
+        let e = torch_train::last_json_line(b"", b"Traceback\nNameError: x\n", "exit status: 1")
             .unwrap_err();
         assert!(
             e.contains("NameError: x") && e.contains("exit status: 1"),

@@ -37,7 +37,7 @@ use serde_json::{json, Value};
 
 use crate::json::{num, save};
 use crate::paths::{bench_file, target_dir, workspace_root};
-use crate::{cli, machine, mlp, rss, Failure};
+use crate::{cli, machine, mnist_train, rss, Failure};
 
 /// The fixed global batch.
 pub const GLOBAL_BATCH: usize = 256;
@@ -130,15 +130,15 @@ fn throughput(
     mnist: &Mnist,
     epochs: usize,
 ) -> Result<(f64, CommStats), String> {
-    let mut model = mlp::compile(strategy)?;
-    let data = mirra::recipe::train_pipeline(&mnist.train, global_batch, mlp::SEED)
+    let mut model = mnist_train::compile(strategy)?;
+    let data = mirra::recipe::train_pipeline(&mnist.train, global_batch, mnist_train::SEED)
         .map_err(|e| e.to_string())?;
-    mlp::run_epoch(&mut model, &data, 0)?;
+    mnist_train::run_epoch(&mut model, &data, 0)?;
     // The statistics of the timed epochs only.
     let _ = model.comm_stats();
     let (mut samples, mut seconds) = (0usize, 0.0);
     for epoch in 1..epochs {
-        let e = mlp::run_epoch(&mut model, &data, epoch)?;
+        let e = mnist_train::run_epoch(&mut model, &data, epoch)?;
         samples += e.samples;
         seconds += e.seconds;
     }

@@ -4,6 +4,7 @@
 //! <command> --help`): each command's module holds its flags and its parser. Unknown
 //! commands and flags are one error and exit status 2.
 
+mod accuracy;
 mod bench_collectives;
 mod bench_core;
 mod bench_gpu;
@@ -20,7 +21,7 @@ mod layers;
 mod machine;
 mod matmul;
 mod memcpy;
-mod mlp;
+mod mnist_train;
 mod nccl;
 mod numpy;
 mod paths;
@@ -32,7 +33,7 @@ mod scaling_measured;
 mod subnormal;
 mod table;
 mod timing;
-mod torch_mlp;
+mod torch_train;
 
 use std::process::ExitCode;
 
@@ -58,8 +59,10 @@ struct Rest {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// matmul vs numpy, MLP training vs PyTorch, mirra train itself, subnormals, peak RSS -> target/bench/core.json
+    /// matmul vs numpy, MLP and CNN training vs PyTorch, mirra train itself, subnormals, peak RSS -> target/bench/core.json
     Bench(Rest),
+    /// Train the CLI's models to their accuracy targets (mirra train, release) -> target/bench/accuracy.json
+    Accuracy(Rest),
     /// nccl-tests tables of the CPU collectives, the copy rate beside, OpenMPI and gloo -> target/bench/collectives.json
     BenchCollectives(Rest),
     /// MLP training per replica count and collective, what communication costs -> target/bench/mirrored.json
@@ -116,6 +119,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Bench(r) => bench_core::run(&r.args),
+        Command::Accuracy(r) => accuracy::run(&r.args),
         Command::BenchCollectives(r) => bench_collectives::run(&r.args),
         Command::BenchMirrored(r) => bench_mirrored::run(&r.args),
         Command::Scaling(r) => scaling::run(&r.args),

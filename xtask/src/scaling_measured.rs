@@ -35,7 +35,7 @@ use crate::nccl::Op;
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::ranks::{Group, Job};
 use crate::timing::{measure, median, Plan};
-use crate::{bench_collectives, machine, mlp, Failure};
+use crate::{bench_collectives, machine, mnist_train, Failure};
 
 /// Samples per replica of the measured rows.
 pub const PER_REPLICA_BATCH: usize = 64;
@@ -76,7 +76,7 @@ pub fn mlp_profile(batch: usize, reps: usize) -> Result<ModelProfile, String> {
                 .sum()
         })
         .collect();
-    let data = mlp::synthetic_batches(batch)?;
+    let data = mnist_train::synthetic_batches(batch)?;
     let (x, y) = &data[0];
     let loss_fn = SparseCategoricalCrossentropy::default();
     let tape = Tape::new();
@@ -190,8 +190,8 @@ fn throughput(
     global_batch: usize,
     plan: Plan,
 ) -> Result<(f64, mirra::train::CommStats), String> {
-    let mut model = mlp::compile(strategy)?;
-    let data = mlp::synthetic_batches(global_batch)?;
+    let mut model = mnist_train::compile(strategy)?;
+    let data = mnist_train::synthetic_batches(global_batch)?;
     let mut i = 0usize;
     let mut step = || -> Result<(), String> {
         let (x, y) = &data[i % data.len()];

@@ -18,7 +18,7 @@ use mirra::train::Model;
 use serde_json::{json, Value};
 
 use crate::json::num;
-use crate::mlp;
+use crate::mnist_train;
 use crate::timing::median;
 
 /// Loss below which the model counts as converged.
@@ -82,7 +82,7 @@ fn step(model: &mut Model, (x, y): &(Tensor, Tensor)) -> Result<(f64, f64), Stri
 
 /// A fresh model trained until its epoch loss is below [`CONVERGED_LOSS`]; the epoch.
 fn converge(data: &Batches) -> Result<(Model, usize), String> {
-    let mut model = mlp::compile(None)?;
+    let mut model = mnist_train::compile(None)?;
     for epoch in 1..=MAX_EPOCHS {
         let mut loss = 0.0;
         for batch in data {
@@ -114,7 +114,7 @@ fn subnormal_fraction(model: &Model) -> f64 {
 /// Both policies: convergence runs, then interleaved timing.
 fn measure() -> Result<[Slowdown; 2], String> {
     set_num_threads(1);
-    let data: Batches = mlp::synthetic_batches(256)?;
+    let data: Batches = mnist_train::synthetic_batches(256)?;
     let mut converged = Vec::new();
     for flush in [true, false] {
         set_flush_denormal(flush);
@@ -123,7 +123,7 @@ fn measure() -> Result<[Slowdown; 2], String> {
     // A model in its second epoch, stepping alongside (a few dozen steps keep it far from
     // convergence).
     set_flush_denormal(true);
-    let mut early = mlp::compile(None)?;
+    let mut early = mnist_train::compile(None)?;
     for batch in &data {
         step(&mut early, batch)?;
     }

@@ -621,6 +621,17 @@ proptest! {
     }
 
     #[test]
+    fn upsampling(x in arr(vec(1usize..=3, 4..=4), normal()), sh in 1usize..=3, sw in 1usize..=3, seed: u64) {
+        // UpSampling2D: a rank-6 broadcast view reshaped; each block's gradient summed back.
+        let (n, h, w, c) = (x.dims[0], x.dims[1], x.dims[2], x.dims[3]);
+        check(seed, &[x], |v| {
+            v[0].reshape(&[n, h, 1, w, 1, c])?
+                .broadcast_to(&[n, h, sh, w, sw, c])?
+                .reshape(&[n, h * sh, w * sw, c])
+        })?;
+    }
+
+    #[test]
     fn max_pool((x, win) in window_operands(Vals::Distinct), seed: u64) {
         // MaxPooling2D two ways: the largest of the patches (valid windows: no padded zero
         // can win), and the pooling op with its winners' indices (any window).

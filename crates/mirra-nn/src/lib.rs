@@ -26,7 +26,7 @@ pub use loss::{
 };
 pub use metrics::{Accuracy, Mean, Metric};
 pub use mirra_tensor::Padding;
-pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, MaxPooling2D};
+pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, MaxPooling2D, UpSampling2D};
 pub use sequential::{ModelOutput, Sequential};
 
 /// Result type of this crate.

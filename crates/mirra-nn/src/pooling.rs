@@ -1,4 +1,4 @@
-//! Pooling layers, channels-last as Keras's: `MaxPooling2D` (the pooling op, which keeps
+//! Pooling and upsampling layers, channels-last as Keras's: `MaxPooling2D` (the pooling op, which keeps
 //! each window's winner for the gradient: the first of equal maxima, as TensorFlow's and
 //! PyTorch's), `AveragePooling2D` (the convolution's `im2col` patches averaged over the
 //! taps, so its gradient is theirs), `GlobalAveragePooling2D`.
@@ -115,6 +115,47 @@ pooling_layer!(
     Reduce::Mean
 );
 
+/// Repeats every row and column `size` times (nearest neighbour): `[n, h, w, c]` to
+/// `[n, h * sh, w * sw, c]`, as Keras's `UpSampling2D`, a U-Net decoder's step up. A
+/// broadcast of a view, so its gradient sums each block back.
+#[derive(Clone, Debug)]
+pub struct UpSampling2D {
+    size: [usize; 2],
+}
+
+impl UpSampling2D {
+    /// Each pixel repeated `size` times down and across.
+    pub fn new(size: [usize; 2]) -> UpSampling2D {
+        UpSampling2D { size }
+    }
+}
+
+impl Layer for UpSampling2D {
+    fn kind(&self) -> &'static str {
+        "up_sampling2d"
+    }
+
+    fn build(&mut self, input: &[usize]) -> Result<(Vec<ParamSpec>, Vec<usize>)> {
+        let [h, w, c] = hwc("up_sampling2d", input)?;
+        if self.size.contains(&0) {
+            return Err(NnError::Config {
+                layer: "up_sampling2d".into(),
+                msg: format!("size {:?} must be at least 1", self.size),
+            });
+        }
+        Ok((vec![], vec![h * self.size[0], w * self.size[1], c]))
+    }
+
+    fn forward<'t>(&self, x: &Var<'t>, _: &[Var<'t>], _: &mut ForwardCtx<'_>) -> Result<Var<'t>> {
+        let d = x.shape();
+        let (n, h, w, c) = (d[0], d[1], d[2], d[3]);
+        let [sh, sw] = self.size;
+        Ok(x.reshape(&[n, h, 1, w, 1, c])?
+            .broadcast_to(&[n, h, sh, w, sw, c])?
+            .reshape(&[n, h * sh, w * sw, c])?)
+    }
+}
+
 /// The mean over height and width, per channel: `[n, h, w, c]` to `[n, c]`, as Keras's
 /// `GlobalAveragePooling2D`.
 #[derive(Clone, Debug, Default)]
@@ -172,6 +213,20 @@ mod tests {
         assert_eq!(y, vec![4.0, 0.0, 5.0, -1.0, 7.0, -3.0, 8.0, -4.0]);
         let (d, y) = predict(vec![Box::new(GlobalAveragePooling2D)], &[3, 3, 2], &x2);
         assert_eq!((d, y), (vec![1, 2], vec![4.0, -4.0]));
+        // Upsampling repeats each pixel: [[1, 2], [3, 4]] by 2 down and 3 across.
+        let (d, y) = predict(
+            vec![Box::new(UpSampling2D::new([2, 3]))],
+            &[2, 2, 1],
+            &[1., 2., 3., 4.],
+        );
+        assert_eq!(d, vec![1, 4, 6, 1]);
+        assert_eq!(
+            y,
+            [
+                1., 1., 1., 2., 2., 2., 1., 1., 1., 2., 2., 2., 3., 3., 3., 4., 4., 4., 3., 3., 3.,
+                4., 4., 4.
+            ]
+        );
     }
 
     #[test]

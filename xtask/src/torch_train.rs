@@ -1,8 +1,11 @@
-//! PyTorch training the same MLP on the same data the same way, in a `python3`
+//! PyTorch training the same MNIST models on the same data the same way, in a `python3`
 //! subprocess, for comparison with mirra's training in the same run.
 //!
-//! The same model (Flatten -> Linear 784x128 -> ReLU -> Linear 128x64 -> ReLU -> Linear
-//! 64x10, cross-entropy on the logits, Adam 1e-3 with its default foreach path), the same
+//! The same model (the MLP: Flatten -> Linear 784x128 -> ReLU -> Linear 128x64 -> ReLU ->
+//! Linear 64x10; the CNN: Conv2d 1->32 3x3 -> ReLU -> MaxPool 2 -> Conv2d 32->64 3x3 ->
+//! ReLU -> MaxPool 2 -> Flatten -> Linear 1600x128 -> ReLU -> Linear 128x10, PyTorch's
+//! channels-first layout; cross-entropy on the logits, Adam 1e-3 with its default foreach
+//! path), the same
 //! MNIST files read from the same folder (the full set when its training files are there,
 //! else the test set split 8,000 / 2,000 as mirra splits it), pixels as f32 / 255, a new
 //! permutation of the training set per epoch, batches gathered from it, one loss read per
@@ -25,13 +28,14 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-/// The script: argv = data_dir threads epochs seed batch[,batch...] device; prints one
-/// JSON line.
+/// The script: argv = data_dir threads epochs seed batch[,batch...] device [model]; prints
+/// one JSON line.
 const SCRIPT: &str = r#"
 import gzip, json, os, sys, time
 data_dir, threads, epochs, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 batches = [int(b) for b in sys.argv[5].split(",")]
 device = sys.argv[6]
+model_name = sys.argv[7] if len(sys.argv) > 7 else "mlp"
 try:
     import torch
     from torch import nn
@@ -86,7 +90,12 @@ for b in batches:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
+    if model_name == "cnn":
+        model = nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                              nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10)).to(dev)
+    else:
+        model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     g = torch.Generator().manual_seed(seed)
@@ -115,7 +124,7 @@ for b in batches:
         results[str(b)]["peak_device_bytes"] = torch.cuda.max_memory_allocated(dev) - left
         results[str(b)]["cublas_workspace_bytes"] = left
         results[str(b)]["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
-print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(),
+print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(), "model": model_name,
                   "train_examples": n, "source": source, "device": device,
                   "cublas_workspace_bytes": workspace, "results": results}), flush=True)
 "#;
@@ -123,6 +132,19 @@ print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_t
 /// PyTorch's samples/s per batch size on `device` ("cpu" or "cuda:N"), or why there are
 /// none. `epochs` includes the warm-up epoch.
 pub fn measure(
+    data_dir: &Path,
+    threads: usize,
+    epochs: usize,
+    seed: u64,
+    batches: &[usize],
+    device: &str,
+) -> Result<Value, String> {
+    measure_model("mlp", data_dir, threads, epochs, seed, batches, device)
+}
+
+/// [`measure`] for the model `name` (`mlp` or `cnn`).
+pub fn measure_model(
+    name: &str,
     data_dir: &Path,
     threads: usize,
     epochs: usize,
@@ -138,6 +160,7 @@ pub fn measure(
         seed.to_string().into(),
         list.join(",").into(),
         device.into(),
+        name.into(),
     ];
     run_script(SCRIPT, &args, Some(threads)).map_err(|e| format!("{e} (pip install torch)"))
 }

@@ -1,6 +1,6 @@
-//! The MNIST MLP (`mirra::models::mlp`: Flatten -> Dense(128, relu) -> Dense(64, relu) ->
-//! Dense(10, softmax), Adam 1e-3, sparse categorical cross-entropy) trained as `mirra
-//! train` trains it: MNIST through the recipe's pipeline (shuffled every epoch, batched,
+//! The MNIST models (`mirra::models`: the MLP, Flatten -> Dense(128, relu) -> Dense(64,
+//! relu) -> Dense(10, softmax), and the CNN; Adam 1e-3, sparse categorical cross-entropy)
+//! trained as `mirra train` trains them: MNIST through the recipe's pipeline (shuffled every epoch, batched,
 //! converted per batch, prefetched), whole epochs timed after a warm-up epoch, with the
 //! buffer allocations of those epochs counted. Data the model cannot memorise: a step on
 //! a few cycled batches gets faster or slower as the model learns them, not as users' do.
@@ -120,8 +120,19 @@ pub fn measure(
     threads: usize,
     epochs: usize,
 ) -> Result<Epochs, String> {
+    measure_model("mlp", mnist, batch, threads, epochs)
+}
+
+/// [`measure`] for the model `mirra train --model name` trains.
+pub fn measure_model(
+    name: &str,
+    mnist: &Mnist,
+    batch: usize,
+    threads: usize,
+    epochs: usize,
+) -> Result<Epochs, String> {
     set_num_threads(threads);
-    let mut model = compile(None)?;
+    let mut model = compile_model(name, None)?;
     let data =
         mirra::recipe::train_pipeline(&mnist.train, batch, SEED).map_err(|e| e.to_string())?;
     train_epochs(&mut model, &data, epochs, 1)
@@ -129,9 +140,17 @@ pub fn measure(
 
 /// The benchmarked MLP, compiled for one device or, built in its scope, for a strategy.
 pub fn compile(strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String> {
+    compile_model("mlp", strategy)
+}
+
+/// [`compile`] for the model `mirra train --model name` trains.
+pub fn compile_model(name: &str, strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let build = || {
-        let mut net = mirra::models::mlp();
+        let mut net = mirra::models::by_name(name).ok_or_else(|| mirra::nn::NnError::Config {
+            layer: name.to_string(),
+            msg: "no such model".into(),
+        })?;
         net.build(&[28, 28], SEED).map(|()| net)
     };
     let opt = Box::new(Adam::new(1e-3));

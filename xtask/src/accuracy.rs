@@ -1,0 +1,220 @@
+//! `cargo xtask accuracy`: train the CLI's models to their accuracy targets, as a user
+//! would (`mirra train` itself, release build), and print the figures for the note
+//! (-> `target/bench/accuracy.json`). A benchmark, not a test: CI runs short smoke
+//! versions of the models instead.
+//!
+//! Targets (issue 16): the CNN at least 99.0% validation accuracy on the full MNIST
+//! (60,000 training, 10,000 test images) in 5 epochs, and at least 98.5% on the bundled
+//! split (8,000 / 2,000). The full set is the project's shared copy (`../shared/data/mnist`
+//! beside the checkout) unless `--data` names another; without it those rows say so.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use clap::Parser;
+use serde_json::{json, Value};
+
+use crate::json::{at_least, num, save};
+use crate::paths::{bench_file, target_dir, workspace_root};
+use crate::{cli, machine, rss, Failure};
+
+/// One training run and its target.
+struct Case {
+    model: &'static str,
+    /// The full MNIST (else the bundled split).
+    full: bool,
+    epochs: usize,
+    min_val_accuracy: f64,
+}
+
+const CASES: [Case; 2] = [
+    Case {
+        model: "cnn",
+        full: true,
+        epochs: 5,
+        min_val_accuracy: 0.990,
+    },
+    Case {
+        model: "cnn",
+        full: false,
+        epochs: 10,
+        min_val_accuracy: 0.985,
+    },
+];
+
+/// `cargo xtask accuracy` flags.
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask accuracy",
+    about = "Train the CLI's models to their accuracy targets (mirra train, release) -> \
+             target/bench/accuracy.json"
+)]
+struct Args {
+    /// The full MNIST folder (default: ../shared/data/mnist beside the checkout).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Global batch size (default 128).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    batch_size: u64,
+    /// Where to write the JSON (default: target/bench/accuracy.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// The full MNIST folder: `--data`, or the shared copy when it has the training files.
+fn full_data(a: &Args, root: &Path) -> Result<PathBuf, String> {
+    let dir = a
+        .data
+        .clone()
+        .unwrap_or_else(|| root.join("..").join("shared").join("data").join("mnist"));
+    if dir.join("train-images-idx3-ubyte.gz").is_file()
+        || dir.join("train-images-idx3-ubyte").is_file()
+    {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "no full MNIST in {} (give --data DIR)",
+            dir.display()
+        ))
+    }
+}
+
+/// The last `val_accuracy` of a History file.
+fn last_val_accuracy(history: &Path) -> Result<f64, String> {
+    let text = std::fs::read_to_string(history).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let find = |v: &Value| v["val_accuracy"].as_array().cloned();
+    find(&v)
+        .or_else(|| find(&v["history"]))
+        .and_then(|a| a.last().and_then(Value::as_f64))
+        .ok_or_else(|| format!("no val_accuracy in {}", history.display()))
+}
+
+pub fn run(args: &[String]) -> Result<(), Failure> {
+    let Some(a) = cli::parse::<Args>("xtask accuracy", args)? else {
+        return Ok(());
+    };
+    let started = Instant::now();
+    let root = workspace_root();
+    let target = target_dir(&root);
+    let out = bench_file(a.out.as_deref(), "accuracy.json");
+    let binary = rss::mirra_binary(&root, &target).map_err(Failure::run)?;
+    let dir = out
+        .parent()
+        .map_or_else(|| target.join("bench"), Path::to_path_buf);
+    let _ = std::fs::create_dir_all(&dir);
+    let mut rows = Vec::new();
+    let mut missed = 0;
+    for case in &CASES {
+        let data = if case.full {
+            match full_data(&a, &root) {
+                Ok(d) => Some(d),
+                Err(why) => {
+                    println!("{} on the full MNIST: not run: {why}", case.model);
+                    rows.push(json!({"model": case.model, "data": "full MNIST", "not_run": why}));
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
+        let what = if case.full {
+            "full MNIST (60,000 / 10,000)"
+        } else {
+            "bundled split (8,000 / 2,000)"
+        };
+        let history = dir.join(format!(
+            "accuracy-{}-{}.json",
+            case.model,
+            if case.full { "full" } else { "bundled" }
+        ));
+        let mut cmd = Command::new(&binary);
+        cmd.args([
+            "train",
+            "--model",
+            case.model,
+            "--epochs",
+            &case.epochs.to_string(),
+        ])
+        .args(["--batch-size", &a.batch_size.to_string(), "--seed", "1"])
+        .arg("--history")
+        .arg(&history);
+        if let Some(d) = &data {
+            cmd.arg("--data").arg(d);
+        }
+        println!(
+            "{} on the {what}: {} epochs at batch {}",
+            case.model, case.epochs, a.batch_size
+        );
+        let t = Instant::now();
+        let status = cmd
+            .status()
+            .map_err(|e| Failure::run(format!("cannot run {}: {e}", binary.display())))?;
+        let seconds = t.elapsed().as_secs_f64();
+        let acc = if status.success() {
+            last_val_accuracy(&history)
+        } else {
+            Err(format!("mirra train exited with {status}"))
+        };
+        let target = at_least(case.min_val_accuracy, acc.as_ref().ok().copied(), 4);
+        if target["met"] != true {
+            missed += 1;
+        }
+        println!(
+            "  val_accuracy {} (target >= {}): {}; {seconds:.0} s",
+            acc.as_ref()
+                .map_or_else(|e| e.clone(), |a| format!("{a:.4}")),
+            case.min_val_accuracy,
+            if target["met"] == true {
+                "met"
+            } else {
+                "MISSED"
+            }
+        );
+        rows.push(json!({
+            "model": case.model,
+            "data": what,
+            "epochs": case.epochs,
+            "batch_size": a.batch_size,
+            "val_accuracy": acc.as_ref().ok().map(|a| num(*a, 4)),
+            "error": acc.err(),
+            "seconds": num(seconds, 1),
+            "target": target,
+        }));
+    }
+    let report = json!({
+        "schema": "mirra-accuracy/1",
+        "command": format!("cargo xtask accuracy {}", args.join(" ")).trim_end(),
+        "machine": machine::facts(),
+        "runs": rows,
+        "missed": missed,
+    });
+    save(&out, &report, Some(started))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_s_last_val_accuracy_is_the_figure() {
+        let dir = std::env::temp_dir().join(format!("xtask-accuracy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let h = dir.join("h.json");
+        std::fs::write(
+            &h,
+            r#"{"epoch": [1, 2], "val_accuracy": [0.9, 0.95], "loss": [1, 0.5]}"#,
+        )
+        .unwrap();
+        assert_eq!(last_val_accuracy(&h).unwrap(), 0.95);
+        std::fs::write(&h, r#"{"history": {"val_accuracy": [0.5, 0.97]}}"#).unwrap();
+        assert_eq!(last_val_accuracy(&h).unwrap(), 0.97);
+        std::fs::write(&h, r#"{"loss": [1]}"#).unwrap();
+        assert!(last_val_accuracy(&h)
+            .unwrap_err()
+            .contains("no val_accuracy"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
