@@ -5,7 +5,8 @@
 //!
 //! Targets (issue 16): the CNN at least 99.0% validation accuracy on the full MNIST
 //! (60,000 training, 10,000 test images) in 5 epochs, and at least 98.5% on the bundled
-//! split (8,000 / 2,000). The full set is the project's shared copy (`../shared/data/mnist`
+//! split (8,000 / 2,000), which takes augmentation (`--augment`) and 15 epochs: without
+//! it, 10 epochs reached 97.95% (2026-12-04). The full set is the project's shared copy (`../shared/data/mnist`
 //! beside the checkout) unless `--data` names another; without it those rows say so.
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,8 @@ struct Case {
     model: &'static str,
     /// The full MNIST (else the bundled split).
     full: bool,
+    /// `--augment`.
+    augment: bool,
     epochs: usize,
     min_val_accuracy: f64,
 }
@@ -32,13 +35,15 @@ const CASES: [Case; 2] = [
     Case {
         model: "cnn",
         full: true,
+        augment: false,
         epochs: 5,
         min_val_accuracy: 0.990,
     },
     Case {
         model: "cnn",
         full: false,
-        epochs: 10,
+        augment: true,
+        epochs: 15,
         min_val_accuracy: 0.985,
     },
 ];
@@ -143,6 +148,9 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         if let Some(d) = &data {
             cmd.arg("--data").arg(d);
         }
+        if case.augment {
+            cmd.arg("--augment");
+        }
         println!(
             "{} on the {what}: {} epochs at batch {}",
             case.model, case.epochs, a.batch_size
@@ -176,6 +184,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             "model": case.model,
             "data": what,
             "epochs": case.epochs,
+            "augment": case.augment,
             "batch_size": a.batch_size,
             "val_accuracy": acc.as_ref().ok().map(|a| num(*a, 4)),
             "error": acc.err(),

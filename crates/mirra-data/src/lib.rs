@@ -18,11 +18,13 @@
 //!
 //! [`Tensor`]: mirra_tensor::Tensor
 
+mod augment;
 mod dataset;
 mod error;
 mod idx;
 mod mnist;
 
+pub use augment::Augment;
 pub use dataset::{Dataset, DatasetIter};
 pub use error::DataError;
 pub use idx::{read_idx, read_idx_bytes, MAX_DEFLATE_RATIO};

@@ -67,6 +67,11 @@ pub struct TrainArgs {
     /// default. Refused on the CPU, which has no TF32.
     #[arg(long)]
     pub tf32: bool,
+    /// Augment the training images as each batch forms: shifts of up to 2 pixels, up to 10
+    /// degrees of rotation, brightness and contrast within 10% (no flip: digits), drawn
+    /// from --seed, the epoch and each image's index.
+    #[arg(long)]
+    pub augment: bool,
     /// Seed of weights, shuffling and dropout.
     #[arg(long, default_value_t = 1, value_parser = seed, allow_negative_numbers = true)]
     pub seed: u64,

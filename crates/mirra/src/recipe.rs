@@ -1,7 +1,8 @@
 //! The reference recipe's input pipelines: what `mirra train` feeds its model, shared with
 //! `cargo xtask bench` so that the benchmark measures what a user's run costs.
 
-use mirra_data::{pixels_to_unit_f32, Dataset, Result, Split};
+use mirra_data::{pixels_to_unit_f32, Augment, DataError, Dataset, Result, Split};
+use mirra_tensor::{Device, Tensor};
 
 /// Shuffle buffer: the whole training split of MNIST, a uniform permutation per epoch.
 pub const SHUFFLE_BUFFER: usize = 60_000;
@@ -17,6 +18,34 @@ pub fn train_pipeline(split: &Split, batch_size: usize, seed: u64) -> Result<Dat
             .shuffle(SHUFFLE_BUFFER, seed)
             .batch(batch_size, false)
             .map(pixels_to_unit_f32)
+            .prefetch(PREFETCH),
+    )
+}
+
+/// [`train_pipeline`] with each training image augmented ([`Augment`]) as its batch forms,
+/// drawn from `augment`'s seed, the epoch and the image's index in `split` (never its
+/// batch or replica: a resumed run and any replica count see the same images).
+pub fn augmented_train_pipeline(
+    split: &Split,
+    batch_size: usize,
+    seed: u64,
+    augment: Augment,
+) -> Result<Dataset> {
+    let n = split.labels.dims()[0];
+    let index = Tensor::from_vec((0..n as i64).collect(), &[n], Device::Cpu)?;
+    Ok(
+        Dataset::from_tensor_slices(vec![split.pixels.clone(), split.labels.clone(), index])?
+            .shuffle(SHUFFLE_BUFFER, seed)
+            .batch(batch_size, false)
+            .map(pixels_to_unit_f32)
+            .map_with_epoch(move |epoch, mut batch| {
+                let index = batch.pop().ok_or(DataError::Incompatible {
+                    op: "augment",
+                    msg: "a batch without its indices".into(),
+                })?;
+                batch[0] = augment.apply(epoch, &batch[0], &index)?;
+                Ok(batch)
+            })
             .prefetch(PREFETCH),
     )
 }

@@ -85,6 +85,7 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
             Refuse,
         ),
         setting("seed", "--seed", args.seed.to_string(), Refuse),
+        setting("augment", "--augment", on_off(args.augment), Refuse),
         setting("precision", "precision", "float32".into(), Refuse),
         setting("deterministic", "deterministic", on_off(false), Refuse),
         setting(

@@ -131,8 +131,13 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         )));
     }
     // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
-    let train = mirra::recipe::train_pipeline(&mnist.train, args.batch_size, args.seed)
-        .map_err(|e| run_err(&e))?;
+    let train = if args.augment {
+        let augment = mirra::data::Augment::digits(args.seed);
+        mirra::recipe::augmented_train_pipeline(&mnist.train, args.batch_size, args.seed, augment)
+    } else {
+        mirra::recipe::train_pipeline(&mnist.train, args.batch_size, args.seed)
+    }
+    .map_err(|e| run_err(&e))?;
     let validation = mirra::recipe::eval_pipeline(&mnist.validation, args.batch_size.max(256))
         .map_err(|e| run_err(&e))?;
 

@@ -269,3 +269,36 @@ fn a_trace_shows_each_replica_and_its_buckets() {
         assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() >= 0.0);
     }
 }
+
+/// `--augment`: the same run twice gives the same History (draws are keyed by seed, epoch
+/// and image), a run without it another one, and 2 replicas the same augmented images as
+/// one device (their losses agree to rounding).
+#[test]
+fn augmentation_is_seeded_and_independent_of_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| -> serde_json::Value {
+        let h = dir.path().join(name);
+        let mut args = vec!["train", "--epochs", "2", "--batch-size", "256", "--history"];
+        let hs = h.to_str().unwrap().to_string();
+        args.push(&hs);
+        args.extend(extra);
+        let out = mirra(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str(&std::fs::read_to_string(&h).unwrap()).unwrap()
+    };
+    let a = run("a.json", &["--augment"]);
+    let b = run("b.json", &["--augment"]);
+    let plain = run("plain.json", &[]);
+    let two = run("two.json", &["--augment", "--replicas", "2"]);
+    assert_eq!(a["loss"], b["loss"]);
+    assert_ne!(a["loss"], plain["loss"]);
+    for (x, y) in a["loss"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(two["loss"].as_array().unwrap())
+    {
+        let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+        assert!((x - y).abs() <= 1e-4 * x.abs(), "{x} vs {y}");
+    }
+}

@@ -23,6 +23,8 @@ use element::{Elem, ElemIter, Source};
 
 /// The function of a [`Dataset::map`].
 type MapFn = Arc<dyn Fn(Vec<Tensor>) -> Result<Vec<Tensor>> + Send + Sync>;
+/// The function of a [`Dataset::map_with_epoch`].
+type EpochMapFn = Arc<dyn Fn(u64, Vec<Tensor>) -> Result<Vec<Tensor>> + Send + Sync>;
 
 /// A pipeline of elements, each a `Vec<Tensor>`, run once per epoch by
 /// [`Dataset::iter_epoch`].
@@ -61,6 +63,10 @@ enum Node {
     Map {
         input: Dataset,
         f: MapFn,
+    },
+    MapEpoch {
+        input: Dataset,
+        f: EpochMapFn,
     },
     Cache {
         input: Dataset,
@@ -129,6 +135,20 @@ impl Dataset {
         })
     }
 
+    /// [`Dataset::map`] with the iteration's epoch (or, after [`Dataset::repeat`], its
+    /// repetition) as `f`'s first argument: for randomness keyed by the epoch, such as
+    /// data augmentation that draws anew each epoch and the same way when an epoch is run
+    /// again (a resumed run).
+    pub fn map_with_epoch<F>(self, f: F) -> Dataset
+    where
+        F: Fn(u64, Vec<Tensor>) -> Result<Vec<Tensor>> + Send + Sync + 'static,
+    {
+        Dataset::new(Node::MapEpoch {
+            input: self,
+            f: Arc::new(f),
+        })
+    }
+
     /// The elements of the first complete epoch kept in memory and replayed, in the same
     /// order, by every later epoch (and by every clone of this dataset). An epoch that
     /// is not read to its end, or fails, caches nothing.
@@ -167,6 +187,7 @@ impl Dataset {
             Node::Slices(s) => Some(s.rows),
             Node::Shuffle { input, .. }
             | Node::Map { input, .. }
+            | Node::MapEpoch { input, .. }
             | Node::Cache { input, .. }
             | Node::Prefetch { input, .. } => input.cardinality(),
             Node::Batch {
@@ -235,6 +256,14 @@ impl Dataset {
                         .map(move |e| f(e?.into_tensors()?).map(Elem::Tensors)),
                 )
             }
+            Node::MapEpoch { input, f } => {
+                let f = f.clone();
+                Box::new(
+                    input
+                        .elements(key)?
+                        .map(move |e| f(key, e?.into_tensors()?).map(Elem::Tensors)),
+                )
+            }
             Node::Cache { input, store } => store.elements(input, key)?,
             Node::Repeat { input, count } => repeat::repeat(input.clone(), *count, key)?,
             Node::Take { input, n } => Box::new(input.elements(key)?.take(*n)),
@@ -261,6 +290,7 @@ impl fmt::Debug for Dataset {
                 Node::Shuffle { input, .. }
                 | Node::Batch { input, .. }
                 | Node::Map { input, .. }
+                | Node::MapEpoch { input, .. }
                 | Node::Cache { input, .. }
                 | Node::Repeat { input, .. }
                 | Node::Take { input, .. }
@@ -285,6 +315,7 @@ impl fmt::Debug for Dataset {
                     }
                 ),
                 Node::Map { .. } => write!(f, " -> map"),
+                Node::MapEpoch { .. } => write!(f, " -> map(with epoch)"),
                 Node::Cache { .. } => write!(f, " -> cache"),
                 Node::Repeat { count: Some(c), .. } => write!(f, " -> repeat({c})"),
                 Node::Repeat { count: None, .. } => write!(f, " -> repeat(forever)"),

@@ -241,16 +241,18 @@ fn max_pool_kernel<T: FloatElement>(
                         seen = true;
                         continue;
                     }
-                    for (ch, (bv, o)) in best.iter_mut().zip(out.iter_mut()).enumerate() {
-                        let v = taps[ch].to_acc();
+                    let at = base as i64;
+                    for (ch, ((bv, o), t)) in
+                        best.iter_mut().zip(out.iter_mut()).zip(taps).enumerate()
+                    {
+                        let v = t.to_acc();
                         // Larger wins; a NaN wins unless a NaN already did (NaN alone is
-                        // unequal to itself); the first of equal maxima stays.
+                        // unequal to itself); the first of equal maxima stays. Selects, not
+                        // branches, so that the loop vectorises.
                         #[allow(clippy::eq_op)]
-                        let take = v > *bv || (v != v && *bv == *bv);
-                        if take {
-                            *bv = v;
-                            *o = (base + ch) as i64;
-                        }
+                        let take = (v > *bv) | ((v != v) & (*bv == *bv));
+                        *bv = if take { v } else { *bv };
+                        *o = if take { at + ch as i64 } else { *o };
                     }
                 }
             }
