@@ -110,15 +110,24 @@ fn expect(bytes: &[u8]) -> Expectation<Idx> {
         .chunks(4)
         .map(|c| u32::from_be_bytes(c.try_into().unwrap()) as usize)
         .collect();
-    let elems: u128 = dims.iter().map(|&d| d as u128).product();
-    let declared_data = elems * size as u128;
+    // Six dimensions of up to 2^32 overflow even a u128: such a header cannot be held by
+    // any file, so it must be refused (a mutation found it: a plain product panicked).
+    let Some(elems) = dims
+        .iter()
+        .try_fold(1u128, |a, &d| a.checked_mul(d as u128))
+    else {
+        return none;
+    };
+    let Some(declared_data) = elems.checked_mul(size as u128) else {
+        return none;
+    };
     // What the stored bytes can hold: a raw file exactly its length, a gzip stream at
     // most 1032 times its length.
     let stored = bytes.len() as u128;
     let holdable = if bytes.starts_with(&[0x1f, 0x8b]) {
-        header as u128 + declared_data <= stored * u128::from(MAX_DEFLATE_RATIO)
+        (header as u128).saturating_add(declared_data) <= stored * u128::from(MAX_DEFLATE_RATIO)
     } else {
-        header as u128 + declared_data == stored
+        (header as u128).saturating_add(declared_data) == stored
     };
     let declared_bytes = if holdable {
         (elems * dtype.size_in_bytes() as u128) as u64
@@ -215,4 +224,18 @@ fn the_bundled_idx_files_under_mutation_give_one_error_or_their_contents() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The expectation itself survives any header: six dimensions of 2^32 - 1 (a product past
+/// u128) are a file no reader may accept, and the reader refuses it.
+#[test]
+fn an_impossible_header_is_expected_to_be_refused() {
+    let mut bytes = vec![0u8, 0, 0x08, 6];
+    for _ in 0..6 {
+        bytes.extend(u32::MAX.to_be_bytes());
+    }
+    bytes.extend([1, 2, 3]);
+    let e = expect(&bytes);
+    assert!(e.contents.is_none() && e.declared_bytes == 0);
+    assert!(mirra_data::read_idx_bytes(&bytes, "impossible").is_err());
 }
