@@ -91,7 +91,7 @@ for b in batches:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
     if model_name == "cnn":
-        model = nn.Sequential(nn.Unflatten(1, (1, 28, 28)), nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+        model = nn.Sequential(nn.Unflatten(1, (1, 28)), nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
                               nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                               nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10)).to(dev)
     else:
