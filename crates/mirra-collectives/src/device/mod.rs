@@ -41,12 +41,14 @@ pub fn device_group(
     devices: &[Device],
     config: Config,
 ) -> Result<Vec<Box<dyn Communicator>>> {
-    if !DEVICE_BACKENDS.contains(&backend) {
-        return Err(CollectiveError::UnknownBackend {
+    let name = DEVICE_BACKENDS
+        .iter()
+        .copied()
+        .find(|b| *b == backend)
+        .ok_or_else(|| CollectiveError::UnknownBackend {
             name: backend.to_string(),
             known: DEVICE_BACKENDS,
-        });
-    }
+        })?;
     let n = devices.len();
     if n == 0 || n > MAX_WORLD_SIZE {
         return Err(CollectiveError::InvalidWorldSize {
@@ -63,11 +65,7 @@ pub fn device_group(
                     op: crate::Collective::Barrier,
                     rank,
                     device: d.to_string(),
-                    backend: DEVICE_BACKENDS
-                        .iter()
-                        .find(|b| **b == backend)
-                        .copied()
-                        .unwrap_or(cuda_ring::NAME),
+                    backend: name,
                     accepts: "buffers on CUDA devices only".into(),
                 })
         })
@@ -77,7 +75,7 @@ pub fn device_group(
         rank: 0,
         reason,
     };
-    let engine: Box<dyn group::Engine> = match nccl::ALGORITHMS.iter().find(|(b, _)| *b == backend)
+    let engine: Box<dyn group::Engine> = match nccl::ALGORITHMS.iter().find(|(b, _)| *b == name)
     {
         Some((name, _)) => Box::new(nccl::Nccl::new(name, &ordinals).map_err(failed)?),
         None => Box::new(cuda_ring::CudaRing::new(&ordinals).map_err(|e| failed(e.to_string()))?),

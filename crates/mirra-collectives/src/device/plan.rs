@@ -93,8 +93,6 @@ pub(crate) struct Plan {
     pub steps: Vec<Step>,
     /// Elements of scratch each rank needs.
     pub scratch: Vec<usize>,
-    /// The operator of every `Reduce` step (and `Mean`'s `Divide`).
-    pub op: Option<ReduceOp>,
 }
 
 /// Accumulates steps and derives their dependencies from the regions they touch.
@@ -107,12 +105,11 @@ struct Builder {
 }
 
 impl Builder {
-    fn new(n: usize, op: Option<ReduceOp>) -> Builder {
+    fn new(n: usize) -> Builder {
         Builder {
             plan: Plan {
                 steps: Vec::new(),
                 scratch: vec![0; n],
-                op,
             },
             writer: HashMap::new(),
             readers: HashMap::new(),
@@ -277,11 +274,7 @@ pub(crate) struct Shape {
 /// The plan of one collective (see the module documentation).
 pub(crate) fn plan(s: &Shape) -> Plan {
     let n = s.n;
-    let reduces = matches!(
-        s.kind,
-        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-    );
-    let mut b = Builder::new(n, reduces.then_some(s.op));
+    let mut b = Builder::new(n);
     let divide = s.op == ReduceOp::Mean && n > 1;
     let all: Vec<usize> = (0..n).collect();
     let region = |buf: Buf, range: &Range<usize>| Region {

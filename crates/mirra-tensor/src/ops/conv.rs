@@ -102,6 +102,23 @@ impl Window2d {
         self.kernel[0] * self.kernel[1]
     }
 
+    /// Calls `f(tap, iy, ix)` for every tap of output position `(y, x)` that falls inside
+    /// the input, in patch order (`tap = ki * kw + kj`), with the input row and column it
+    /// reads: the one walk of a window that im2col, col2im and max pooling share.
+    #[inline]
+    fn for_each_tap(&self, y: usize, x: usize, mut f: impl FnMut(usize, usize, usize)) {
+        for ki in 0..self.kernel[0] {
+            let Some(iy) = self.source(0, y, ki) else {
+                continue;
+            };
+            for kj in 0..self.kernel[1] {
+                if let Some(ix) = self.source(1, x, kj) {
+                    f(ki * self.kernel[1] + kj, iy, ix);
+                }
+            }
+        }
+    }
+
     /// The input row (or column, `d = 1`) that tap `k` of output position `o` reads, if it
     /// is inside the input.
     fn source(&self, d: usize, o: usize, k: usize) -> Option<usize> {
@@ -139,19 +156,11 @@ impl Tensor {
                 let p = first + q;
                 let (b, rest) = (p / (oh * ow), p % (oh * ow));
                 let (y, xo) = (rest / ow, rest % ow);
-                for ki in 0..window.kernel[0] {
-                    let Some(iy) = window.source(0, y, ki) else {
-                        continue;
-                    };
-                    for kj in 0..window.kernel[1] {
-                        let Some(ix) = window.source(1, xo, kj) else {
-                            continue;
-                        };
-                        let from = ((b * h + iy) * w + ix) * run;
-                        let to = (ki * window.kernel[1] + kj) * run;
-                        patch[to..to + run].copy_from_slice(&src[from..from + run]);
-                    }
-                }
+                window.for_each_tap(y, xo, |tap, iy, ix| {
+                    let from = ((b * h + iy) * w + ix) * run;
+                    let to = tap * run;
+                    patch[to..to + run].copy_from_slice(&src[from..from + run]);
+                });
             }
         };
         split_rows(dst, row * size, &fill);
@@ -223,39 +232,30 @@ fn max_pool_kernel<T: FloatElement>(
             let (b, rest) = (p / (oh * ow), p % (oh * ow));
             let (y, xo) = (rest / ow, rest % ow);
             let mut seen = false;
-            for ki in 0..window.kernel[0] {
-                let Some(iy) = window.source(0, y, ki) else {
-                    continue;
-                };
-                for kj in 0..window.kernel[1] {
-                    let Some(ix) = window.source(1, xo, kj) else {
-                        continue;
-                    };
-                    let base = ((b * h + iy) * w + ix) * c;
-                    let taps = &src[base..base + c];
-                    if !seen {
-                        for (ch, (bv, o)) in best.iter_mut().zip(out.iter_mut()).enumerate() {
-                            *bv = taps[ch].to_acc();
-                            *o = (base + ch) as i64;
-                        }
-                        seen = true;
-                        continue;
+            window.for_each_tap(y, xo, |_, iy, ix| {
+                let base = ((b * h + iy) * w + ix) * c;
+                let taps = &src[base..base + c];
+                if !seen {
+                    for (ch, (bv, o)) in best.iter_mut().zip(out.iter_mut()).enumerate() {
+                        *bv = taps[ch].to_acc();
+                        *o = (base + ch) as i64;
                     }
-                    let at = base as i64;
-                    for (ch, ((bv, o), t)) in
-                        best.iter_mut().zip(out.iter_mut()).zip(taps).enumerate()
-                    {
-                        let v = t.to_acc();
-                        // Larger wins; a NaN wins unless a NaN already did (NaN alone is
-                        // unequal to itself); the first of equal maxima stays. Selects, not
-                        // branches, so that the loop vectorises.
-                        #[allow(clippy::eq_op)]
-                        let take = (v > *bv) | ((v != v) & (*bv == *bv));
-                        *bv = if take { v } else { *bv };
-                        *o = if take { at + ch as i64 } else { *o };
-                    }
+                    seen = true;
+                    return;
                 }
-            }
+                let at = base as i64;
+                for (ch, ((bv, o), t)) in best.iter_mut().zip(out.iter_mut()).zip(taps).enumerate()
+                {
+                    let v = t.to_acc();
+                    // Larger wins; a NaN wins unless a NaN already did (NaN alone is
+                    // unequal to itself); the first of equal maxima stays. Selects, not
+                    // branches, so that the loop vectorises.
+                    #[allow(clippy::eq_op)]
+                    let take = (v > *bv) | ((v != v) & (*bv == *bv));
+                    *bv = if take { v } else { *bv };
+                    *o = if take { at + ch as i64 } else { *o };
+                }
+            });
         }
     });
     if argmax.contains(&-1) {
@@ -288,21 +288,13 @@ fn col2im_kernel<T: FloatElement>(
         let patches = &src[b * oh * ow * row..(b + 1) * oh * ow * row];
         for (rest, patch) in patches.chunks_exact(row).enumerate() {
             let (y, xo) = (rest / ow, rest % ow);
-            for ki in 0..window.kernel[0] {
-                let Some(iy) = window.source(0, y, ki) else {
-                    continue;
-                };
-                for kj in 0..window.kernel[1] {
-                    let Some(ix) = window.source(1, xo, kj) else {
-                        continue;
-                    };
-                    let at = (iy * w + ix) * c;
-                    let from = (ki * window.kernel[1] + kj) * c;
-                    for (a, &v) in acc[at..at + c].iter_mut().zip(&patch[from..from + c]) {
-                        *a = *a + v.to_acc();
-                    }
+            window.for_each_tap(y, xo, |tap, iy, ix| {
+                let at = (iy * w + ix) * c;
+                let from = tap * c;
+                for (a, &v) in acc[at..at + c].iter_mut().zip(&patch[from..from + c]) {
+                    *a = *a + v.to_acc();
                 }
-            }
+            });
         }
     };
     split_rows(&mut acc, h * w * c, &|first, images: &mut [T::Acc]| {
