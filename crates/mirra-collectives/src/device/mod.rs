@@ -75,8 +75,7 @@ pub fn device_group(
         rank: 0,
         reason,
     };
-    let engine: Box<dyn group::Engine> = match nccl::ALGORITHMS.iter().find(|(b, _)| *b == name)
-    {
+    let engine: Box<dyn group::Engine> = match nccl::ALGORITHMS.iter().find(|(b, _)| *b == name) {
         Some((name, _)) => Box::new(nccl::Nccl::new(name, &ordinals).map_err(failed)?),
         None => Box::new(cuda_ring::CudaRing::new(&ordinals).map_err(|e| failed(e.to_string()))?),
     };
