@@ -29,6 +29,7 @@ use clap::Parser;
 use mirra::data::Mnist;
 use serde_json::{json, Map, Value};
 
+use crate::conv_bench;
 use crate::json::{at_least, num, opt, save};
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::table::{cell, mark};
@@ -85,6 +86,12 @@ struct Args {
     /// Skip the CNN training (and PyTorch's).
     #[arg(long)]
     no_cnn: bool,
+    /// Skip the ResNet-20 training (and PyTorch's).
+    #[arg(long)]
+    no_resnet20: bool,
+    /// Skip the convolution GFLOP/s (and PyTorch's).
+    #[arg(long)]
+    no_conv: bool,
     /// Skip PyTorch in the MLP comparison.
     #[arg(long)]
     no_torch: bool,
@@ -206,13 +213,30 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         put("cli", cli_section(&root, &target, &a, threads, epochs));
     }
     put(
-        "cnn",
-        if a.no_cnn {
-            json!({ "unavailable": "skipped (--no-cnn)" })
+        "conv",
+        if a.no_conv {
+            json!({ "unavailable": "skipped (--no-conv)" })
         } else {
-            cnn_section(&a, threads, rounds, epochs)
+            conv_bench::section(threads, quick, a.no_torch)
         },
     );
+    for conv in &CONV_MODELS {
+        let skipped = if conv.name == "cnn" {
+            a.no_cnn
+        } else {
+            a.no_resnet20
+        };
+        put(
+            conv.name,
+            if skipped {
+                json!({ "unavailable": format!("skipped (--no-{})", conv.name) })
+            } else {
+                // ResNet-20's epochs are long (one warm-up and one timed epoch do).
+                let epochs = epochs.min(conv.max_epochs);
+                conv_section(conv, &a, threads, rounds, epochs)
+            },
+        );
+    }
 
     put(
         "subnormal",
@@ -392,9 +416,41 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
     })
 }
 
-/// The CNN (`mirra train --model cnn`) at batch [`CNN_BATCH`], mirra then PyTorch in each of
-/// `rounds` rounds, trained and timed as the MLP is.
-fn cnn_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value {
+/// A convolutional model of the bench: what `mirra train --model NAME` trains.
+struct ConvModel {
+    name: &'static str,
+    what: &'static str,
+    /// Epochs at most, the warm-up one included.
+    max_epochs: usize,
+    /// Also measure the peak resident memory of one epoch of `mirra train` (beside
+    /// PyTorch's, both `ru_maxrss` of the whole process at the same batch).
+    cli_memory: bool,
+}
+
+const CONV_MODELS: [ConvModel; 2] = [
+    ConvModel {
+        name: "cnn",
+        what: "the MNIST CNN (Conv2D 32 and 64 of 3x3 with 2x2 max pooling, Dense 128, 10) \
+               trained as `mirra train --model cnn` trains it; PyTorch eager the same model \
+               (channels first) the same way",
+        max_epochs: usize::MAX,
+        cli_memory: false,
+    },
+    ConvModel {
+        name: "resnet20",
+        what: "ResNet-20 (three stages of three residual blocks, batch norm, 272,186 \
+               parameters) trained as `mirra train --model resnet20` trains it; PyTorch eager \
+               the same network (channels first, BatchNorm2d with Keras's momentum and \
+               epsilon) the same way",
+        max_epochs: 2,
+        cli_memory: true,
+    },
+];
+
+/// A convolutional model at batch [`CNN_BATCH`], mirra then PyTorch in each of `rounds`
+/// rounds, trained and timed as the MLP is; PyTorch's peak resident memory beside it.
+fn conv_section(conv: &ConvModel, a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value {
+    let name = conv.name;
     let mnist = match &a.data {
         Some(dir) => Mnist::load(dir),
         None => Mnist::bundled(),
@@ -410,13 +466,14 @@ fn cnn_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     let mut last: Option<mnist_train::Epochs> = None;
     let mut torch_reason: Option<String> = a.no_torch.then(|| "skipped (--no-torch)".into());
+    let mut torch_rss = None;
     let mut errors = Vec::new();
     for round in 0..rounds {
         println!(
-            "cnn: round {}/{rounds}: mirra, {threads} threads",
+            "{name}: round {}/{rounds}: mirra, {threads} threads",
             round + 1
         );
-        match mnist_train::measure_model("cnn", &mnist, CNN_BATCH, threads, epochs) {
+        match mnist_train::measure_model(name, &mnist, CNN_BATCH, threads, epochs) {
             Ok(e) => {
                 ours.push(e.samples_per_sec);
                 last = Some(e);
@@ -425,12 +482,12 @@ fn cnn_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
         }
         if torch_reason.is_none() {
             println!(
-                "cnn: round {}/{rounds}: PyTorch, {threads} threads",
+                "{name}: round {}/{rounds}: PyTorch, {threads} threads",
                 round + 1
             );
             let seed = mnist_train::SEED;
             match torch_train::measure_model(
-                "cnn",
+                name,
                 &torch_dir,
                 threads,
                 epochs,
@@ -438,7 +495,10 @@ fn cnn_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
                 &[CNN_BATCH],
                 "cpu",
             ) {
-                Ok(v) => theirs.extend(torch_train::samples_per_sec(&v, CNN_BATCH)),
+                Ok(v) => {
+                    theirs.extend(torch_train::samples_per_sec(&v, CNN_BATCH));
+                    torch_rss = v["peak_rss_bytes"].as_f64().or(torch_rss);
+                }
                 Err(e) => torch_reason = Some(e),
             }
         }
@@ -446,10 +506,28 @@ fn cnn_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
     let med = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v));
     let (m, t) = (med(&ours), med(&theirs));
     let ratio = m.zip(t).map(|(m, t)| m / t);
+    let mut mirra_rss = None;
+    if conv.cli_memory && !a.no_rss {
+        let root = workspace_root();
+        let target = target_dir(&root);
+        let log = target.join("bench").join(format!("rss-{name}.log"));
+        let batch = CNN_BATCH.to_string();
+        let args = [
+            "train",
+            "--model",
+            name,
+            "--epochs",
+            "1",
+            "--batch-size",
+            &batch,
+        ];
+        match rss::measure_args(&root, &target, &log, &args) {
+            Ok(run) => mirra_rss = Some(run.ru_maxrss_mib),
+            Err(e) => errors.push(format!("mirra train peak RSS: {e}")),
+        }
+    }
     json!({
-        "what": "the MNIST CNN (Conv2D 32 and 64 of 3x3 with 2x2 max pooling, Dense 128, 10) \
-                 trained as `mirra train --model cnn` trains it; PyTorch eager the same model \
-                 (channels first) the same way",
+        "what": conv.what,
         "batch": CNN_BATCH,
         "threads": threads,
         "epochs": epochs,
@@ -461,6 +539,8 @@ fn cnn_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
         "mirra_over_torch": opt(ratio, 3),
         "last_epoch_loss": opt(last.map(|e| e.last_loss), 4),
         "buffer_allocations_per_step": opt(last.map(|e| e.allocations_per_step), 2),
+        "mirra_train_peak_rss_mib": opt(mirra_rss, 1),
+        "torch_peak_rss_mib": opt(torch_rss.map(|b| b / (1 << 20) as f64), 1),
         "torch_unavailable": torch_reason,
         "errors": errors,
         "targets": { "vs_torch": at_least(TARGET_CNN_VS_TORCH, ratio, 3) },
@@ -607,23 +687,40 @@ pub fn print_table(r: &Value) {
             }
         );
     }
-    let cnn = &r["cnn"];
-    if cnn.is_object() {
+    if r["conv"]["rows"].is_array() {
+        conv_bench::print(&r["conv"]);
+    }
+    for conv in &CONV_MODELS {
+        let c = &r[conv.name];
+        if !c.is_object() {
+            continue;
+        }
         println!();
         println!(
             "{:<24} {:>12} {:>12} {:>8}   target",
-            "CNN training (samples/s)", "mirra", "PyTorch", "ours/pt"
+            format!("{} training (samples/s)", conv.name),
+            "mirra",
+            "PyTorch",
+            "ours/pt"
         );
         println!(
             "{:<24} {:>12} {:>12} {:>8}   >= {TARGET_CNN_VS_TORCH}  {}",
             format!("  batch {CNN_BATCH}"),
-            cell(&cnn["mirra_samples_per_sec"], 0),
-            cell(&cnn["torch_samples_per_sec"], 0),
-            cell(&cnn["mirra_over_torch"], 2),
-            mark(&cnn["targets"]["vs_torch"]["met"]),
+            cell(&c["mirra_samples_per_sec"], 0),
+            cell(&c["torch_samples_per_sec"], 0),
+            cell(&c["mirra_over_torch"], 2),
+            mark(&c["targets"]["vs_torch"]["met"]),
         );
+        if c["mirra_train_peak_rss_mib"].is_number() || c["torch_peak_rss_mib"].is_number() {
+            println!(
+                "{:<24} {:>12} {:>12}",
+                "  peak RSS (MiB)",
+                cell(&c["mirra_train_peak_rss_mib"], 0),
+                cell(&c["torch_peak_rss_mib"], 0),
+            );
+        }
         for key in ["unavailable", "torch_unavailable"] {
-            if let Some(why) = cnn[key].as_str() {
+            if let Some(why) = c[key].as_str() {
                 println!("  {}: {why}", key.replace('_', " "));
             }
         }

@@ -11,6 +11,7 @@ mod bench_gpu;
 mod bench_mirrored;
 mod cli;
 mod compare;
+mod conv_bench;
 mod gpu_bundle;
 mod gpu_probe;
 mod json;

@@ -147,10 +147,12 @@ pub fn compile(strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String>
 pub fn compile_model(name: &str, strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let build = || {
-        let mut net = mirra::models::by_name(name).ok_or_else(|| mirra::nn::NnError::Config {
-            layer: name.to_string(),
-            msg: "no such model".into(),
-        })?;
+        let options = mirra::models::Options::default();
+        let mut net =
+            mirra::models::by_name(name, options).ok_or_else(|| mirra::nn::NnError::Config {
+                layer: name.to_string(),
+                msg: "no such model".into(),
+            })?;
         net.build(&[28, 28], SEED).map(|()| net)
     };
     let opt = Box::new(Adam::new(1e-3));

@@ -22,7 +22,6 @@ use mirra::collectives::{Config, BACKENDS, NOOP};
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use mirra::nn::{Loss, Reduction};
 use mirra::strategy::{MirroredStrategy, StrategyConfig, DEFAULT_BUCKET_BYTES};
-use mirra::tensor::init::rng;
 use mirra::tensor::{num_threads, set_num_threads};
 use mirra_scaling::checks::HostRun;
 use mirra_scaling::host::{HostMeasurements, SyncSample};
@@ -80,13 +79,12 @@ pub fn mlp_profile(batch: usize, reps: usize) -> Result<ModelProfile, String> {
     let (x, y) = &data[0];
     let loss_fn = SparseCategoricalCrossentropy::default();
     let tape = Tape::new();
-    let mut g = rng(1);
     let mut forward = vec![];
     let mut backward: Vec<Vec<f64>> = vec![vec![]; layers.len()];
     for _ in 0..reps.max(1) {
         let t0 = Instant::now();
         let out = net
-            .forward(&tape, x.clone(), true, &mut g)
+            .forward(&tape, x.clone(), true, mirra::nn::Examples::default())
             .map_err(|e| err(&e))?;
         let loss = loss_fn
             .compute(&out, y, Reduction::SumOverBatchSize)

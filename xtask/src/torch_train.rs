@@ -84,13 +84,41 @@ if cuda:
         print(json.dumps({"error": "torch sees no CUDA device"}), flush=True)
         sys.exit(0)
     torch.backends.cuda.matmul.allow_tf32 = False
+class Block(nn.Module):
+    # A basic block as mirra's resnet20 builds it: two 3x3 convolutions with batch norm,
+    # a 1x1 projection shortcut with batch norm where the shape changes.
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        bn = lambda c: nn.BatchNorm2d(c, eps=1e-3, momentum=0.01)
+        self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), bn(cout)
+        self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), bn(cout)
+        self.short = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), bn(cout))
+    def forward(self, x):
+        h = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(h)) + self.short(x))
+
+def resnet20():
+    layers = [nn.Unflatten(1, (1, 28)), nn.Conv2d(1, 16, 3, 1, 1, bias=False),
+              nn.BatchNorm2d(16, eps=1e-3, momentum=0.01), nn.ReLU()]
+    cin = 16
+    for stage, cout in enumerate([16, 32, 64]):
+        for block in range(3):
+            layers.append(Block(cin, cout, 2 if stage > 0 and block == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
+    return nn.Sequential(*layers)
+
 results = {}
 for b in batches:
     torch.manual_seed(seed)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(dev)
-    if model_name == "cnn":
+    if model_name == "resnet20":
+        model = resnet20().to(dev)
+    elif model_name == "cnn":
         model = nn.Sequential(nn.Unflatten(1, (1, 28)), nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
                               nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                               nn.Linear(1600, 128), nn.ReLU(), nn.Linear(128, 10)).to(dev)
@@ -124,7 +152,10 @@ for b in batches:
         results[str(b)]["peak_device_bytes"] = torch.cuda.max_memory_allocated(dev) - left
         results[str(b)]["cublas_workspace_bytes"] = left
         results[str(b)]["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
+import resource
+peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(), "model": model_name,
+                  "peak_rss_bytes": peak_rss,
                   "train_examples": n, "source": source, "device": device,
                   "cublas_workspace_bytes": workspace, "results": results}), flush=True)
 "#;
@@ -142,7 +173,7 @@ pub fn measure(
     measure_model("mlp", data_dir, threads, epochs, seed, batches, device)
 }
 
-/// [`measure`] for the model `name` (`mlp` or `cnn`).
+/// [`measure`] for the model `name` (`mlp`, `cnn` or `resnet20`).
 pub fn measure_model(
     name: &str,
     data_dir: &Path,

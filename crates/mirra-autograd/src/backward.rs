@@ -3,7 +3,7 @@
 use mirra_tensor::{Tensor, UnaryOp};
 
 use crate::op::{Node, Op, NONE};
-use crate::Result;
+use crate::{AutogradError, Result};
 
 /// Calls `emit(input, grad)` for every input of `node` that needs a gradient.
 pub(crate) fn input_grads(
@@ -107,6 +107,10 @@ pub(crate) fn input_grads(
         Op::Gather { axis, index } => to(ia, &|| Ok(g.scatter_add(*axis, index, dims(ia))?))?,
         Op::MaskMul { mask } => to(ia, &|| Ok(g.mul(mask)?))?,
         Op::Im2Col { window, channels } => to(ia, &|| Ok(g.col2im(window, *channels)?))?,
+        Op::Linear { map } => to(ia, &|| {
+            map.adjoint(&g)
+                .map_err(|message| AutogradError::Map { message })
+        })?,
         Op::MaxPool2d { argmax } => to(ia, &|| {
             // Each output's gradient to its winning input element.
             let (m, total) = (argmax.elem_count(), dims(ia).iter().product::<usize>());

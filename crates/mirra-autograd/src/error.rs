@@ -26,4 +26,10 @@ pub enum AutogradError {
         /// What the hook reported.
         message: String,
     },
+    /// A caller's linear map ([`Var::linear_map`](crate::Var::linear_map)) failed.
+    #[error("linear map: {message}")]
+    Map {
+        /// What the map reported.
+        message: String,
+    },
 }

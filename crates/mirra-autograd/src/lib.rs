@@ -10,11 +10,13 @@
 
 mod backward;
 mod error;
+mod linear;
 mod op;
 mod tape;
 mod var;
 
 pub use error::AutogradError;
+pub use linear::LinearMap;
 pub use tape::{Gradients, Tape};
 pub use var::Var;
 

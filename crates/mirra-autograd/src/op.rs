@@ -1,7 +1,11 @@
 //! What a tape node remembers of its operation: enough saved tensors to compute the
 //! gradients of its inputs, and nothing more.
 
+use std::sync::Arc;
+
 use mirra_tensor::{Shape, Tensor, UnaryOp, Window2d};
+
+use crate::LinearMap;
 
 /// A recorded operation. Input shapes come from the input nodes; only what backward needs
 /// beyond them is saved here.
@@ -97,6 +101,10 @@ pub(crate) enum Op {
     Im2Col {
         window: Window2d,
         channels: usize,
+    },
+    /// A caller's linear map (a sum across replicas); the gradient is its adjoint.
+    Linear {
+        map: Arc<dyn LinearMap>,
     },
 }
 

@@ -1,8 +1,10 @@
+use std::sync::Arc;
+
 use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp, Window2d};
 
 use crate::op::{Op, NONE};
 use crate::tape::Gradients;
-use crate::{AutogradError, Result, Tape};
+use crate::{AutogradError, LinearMap, Result, Tape};
 
 /// A tensor value on a [`Tape`]. Operations on variables compute their value at once and
 /// record themselves when an input needs a gradient.
@@ -294,6 +296,17 @@ impl<'t> Var<'t> {
     pub fn max_pool2d(&self, window: &Window2d) -> Result<Var<'t>> {
         let (value, argmax) = self.value.max_pool2d(window)?;
         Ok(self.from1(value, || Op::MaxPool2d { argmax }))
+    }
+
+    /// A caller's linear map of this value (a sum across replicas): the value is
+    /// `map.apply(x)`, the gradient `map.adjoint(g)`. A variable that needs no gradient
+    /// records nothing, so the adjoint is called exactly when this variable depends on a
+    /// parameter.
+    pub fn linear_map(&self, map: Arc<dyn LinearMap>) -> Result<Var<'t>> {
+        let value = map
+            .apply(&self.value)
+            .map_err(|message| AutogradError::Map { message })?;
+        Ok(self.from1(value, || Op::Linear { map }))
     }
 
     /// Multiply by a constant tensor (a dropout mask), broadcasting.

@@ -15,7 +15,9 @@
 //! tolerance; a wrong gradient (a missing term, a wrong axis, a missed accumulation) is off
 //! by O(1), and a gradient off by 2e-4 relative already fails.
 
-use mirra_autograd::{Tape, Var};
+use std::sync::Arc;
+
+use mirra_autograd::{LinearMap, Tape, Var};
 use mirra_tensor::{DType, Device, Padding, Tensor, UnaryOp, Window2d};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -584,6 +586,14 @@ proptest! {
     }
 
     #[test]
+    fn linear_map(a in arr(vec(1usize..=4, 2..=3), normal()), m in 1usize..=4, seed: u64) {
+        // `x ↦ x · M` over the last axis, with its adjoint `g ↦ g · Mᵀ`.
+        let k = *a.dims.last().unwrap();
+        let map = Arc::new(RightMatmul::new(k, m, seed, true));
+        check(seed, &[a], |v| v[0].linear_map(map.clone()))?;
+    }
+
+    #[test]
     fn mask_mul((a, mask) in pair(normal(), Vals::Uniform(0.0, 2.0)), seed: u64) {
         let mask = mask.tensor();
         check(seed, &[a], |v| v[0].mask_mul(&mask))?;
@@ -757,4 +767,51 @@ proptest! {
             v[0].square()?.sum(&[], true)?.mul(&v[1].tanh()?)
         })?;
     }
+}
+
+/// `x ↦ x · M` for a fixed `[k, m]` matrix `M` over the last axis: a linear map whose
+/// adjoint is `g ↦ g · Mᵀ` (or, when `correct_adjoint` is false, the wrong `g ↦ g · M`,
+/// which the gradient check must reject).
+#[derive(Debug)]
+struct RightMatmul {
+    m: Tensor,
+    correct_adjoint: bool,
+}
+
+impl RightMatmul {
+    fn new(k: usize, m: usize, seed: u64, correct_adjoint: bool) -> RightMatmul {
+        let m = Tensor::from_slice(&weights(seed ^ 0x5eed, k * m), &[k, m], Device::Cpu).unwrap();
+        RightMatmul { m, correct_adjoint }
+    }
+}
+
+impl LinearMap for RightMatmul {
+    fn apply(&self, x: &Tensor) -> Result<Tensor, String> {
+        x.matmul(&self.m).map_err(|e| e.to_string())
+    }
+
+    fn adjoint(&self, g: &Tensor) -> Result<Tensor, String> {
+        let m = if self.correct_adjoint {
+            self.m.t().map_err(|e| e.to_string())?
+        } else {
+            self.m.clone()
+        };
+        g.matmul(&m).map_err(|e| e.to_string())
+    }
+}
+
+/// The check can fail: a linear map whose "adjoint" is the map itself (wrong for a
+/// non-symmetric square matrix) is caught.
+#[test]
+fn a_wrong_adjoint_is_rejected() {
+    let a = Arr {
+        dims: vec![2, 3],
+        data: weights(1, 6),
+    };
+    let map = Arc::new(RightMatmul::new(3, 3, 9, false));
+    assert!(check(9, std::slice::from_ref(&a), |v| v[0]
+        .linear_map(map.clone()))
+    .is_err());
+    let right = Arc::new(RightMatmul::new(3, 3, 9, true));
+    check(9, &[a], |v| v[0].linear_map(right.clone())).unwrap();
 }

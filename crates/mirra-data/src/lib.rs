@@ -23,12 +23,14 @@ mod dataset;
 mod error;
 mod idx;
 mod mnist;
+mod segmentation;
 
 pub use augment::Augment;
 pub use dataset::{Dataset, DatasetIter};
 pub use error::DataError;
 pub use idx::{read_idx, read_idx_bytes, MAX_DEFLATE_RATIO};
 pub use mnist::{bundled_files, pixels_to_unit_f32, Mnist, MnistSource, Split};
+pub use segmentation::{digit_canvases, CANVAS, CLASSES};
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, DataError>;

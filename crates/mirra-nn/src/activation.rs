@@ -3,7 +3,7 @@ use std::str::FromStr;
 
 use mirra_autograd::Var;
 
-use crate::{NnError, Result};
+use crate::{ForwardCtx, Layer, NnError, ParamSpec, Result};
 
 /// A layer's activation function, by Keras's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -72,5 +72,30 @@ impl FromStr for Activation {
             layer: "activation".into(),
             msg: format!("unknown activation '{s}' (linear, relu, sigmoid, tanh, gelu, softmax)"),
         })
+    }
+}
+
+/// An activation on its own, as Keras's `Activation` layer (a residual block's relu after
+/// its `Add`).
+impl Layer for Activation {
+    fn kind(&self) -> &'static str {
+        "activation"
+    }
+
+    fn build(&mut self, input: &[usize]) -> Result<(Vec<ParamSpec>, Vec<usize>)> {
+        Ok((vec![], input.to_vec()))
+    }
+
+    fn forward<'t>(&self, x: &Var<'t>, _: &[Var<'t>], _: &mut ForwardCtx<'_>) -> Result<Var<'t>> {
+        self.apply(x)
+    }
+
+    fn forward_logits<'t>(
+        &self,
+        x: &Var<'t>,
+        _: &[Var<'t>],
+        _: &mut ForwardCtx<'_>,
+    ) -> Result<Option<Var<'t>>> {
+        Ok((*self == Activation::Softmax).then(|| x.clone()))
     }
 }

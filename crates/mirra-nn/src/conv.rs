@@ -124,17 +124,17 @@ impl Layer for Conv2D {
         )
         .map_err(config)?;
         self.window = Some(window);
-        let mut specs = vec![ParamSpec {
-            name: "kernel",
-            dims: vec![self.kernel[0], self.kernel[1], c, self.filters],
-            init: self.kernel_init,
-        }];
+        let mut specs = vec![ParamSpec::trainable(
+            "kernel",
+            vec![self.kernel[0], self.kernel[1], c, self.filters],
+            self.kernel_init,
+        )];
         if self.use_bias {
-            specs.push(ParamSpec {
-                name: "bias",
-                dims: vec![self.filters],
-                init: Initializer::Zeros,
-            });
+            specs.push(ParamSpec::trainable(
+                "bias",
+                vec![self.filters],
+                Initializer::Zeros,
+            ));
         }
         Ok((
             specs,

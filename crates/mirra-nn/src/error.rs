@@ -18,7 +18,10 @@ pub enum NnError {
         /// What is wrong.
         msg: String,
     },
-    /// The model was used before [`Sequential::build`](crate::Sequential::build).
+    /// A sum across replicas (synchronised batch norm) failed.
+    #[error("cross-replica sum: {0}")]
+    CrossReplica(String),
+    /// The model was used before [`Network::build`](crate::Network::build).
     #[error("model is not built: call build(input_shape, seed) first")]
     NotBuilt,
     /// Inputs that do not fit the model or loss.

@@ -1,7 +1,7 @@
 //! The layers: Dense, Flatten, Reshape, Dropout.
 
 use mirra_autograd::Var;
-use mirra_tensor::init::{bernoulli, Initializer};
+use mirra_tensor::init::{bernoulli_rows, mix, Initializer};
 
 use crate::{Activation, ForwardCtx, Layer, NnError, ParamSpec, Result};
 
@@ -75,17 +75,17 @@ impl Layer for Dense {
                 msg: "needs inputs with at least one dimension besides the batch".into(),
             });
         };
-        let mut specs = vec![ParamSpec {
-            name: "kernel",
-            dims: vec![last, self.units],
-            init: self.kernel_init,
-        }];
+        let mut specs = vec![ParamSpec::trainable(
+            "kernel",
+            vec![last, self.units],
+            self.kernel_init,
+        )];
         if self.use_bias {
-            specs.push(ParamSpec {
-                name: "bias",
-                dims: vec![self.units],
-                init: self.bias_init,
-            });
+            specs.push(ParamSpec::trainable(
+                "bias",
+                vec![self.units],
+                self.bias_init,
+            ));
         }
         let mut out = rest.to_vec();
         out.push(self.units);
@@ -180,6 +180,9 @@ impl Layer for Reshape {
 
 /// Inverted dropout, as Keras's `Dropout`: while training, zeroes each element with
 /// probability `rate` and scales the rest by `1 / (1 - rate)`; the identity otherwise.
+/// Each example's mask is drawn from the step's key, the layer's position and the
+/// example's index in the global batch ([`Examples`](crate::Examples)), so N replicas
+/// drop what one device drops.
 #[derive(Clone, Debug)]
 pub struct Dropout {
     rate: f64,
@@ -213,7 +216,16 @@ impl Layer for Dropout {
         }
         let keep = 1.0 - self.rate;
         let v = x.value();
-        let mask = bernoulli(v.dims(), keep, v.dtype(), v.device(), ctx.rng)?.scale(1.0 / keep)?;
+        let key = mix(ctx.examples.step_key, ctx.layer as u64);
+        let mask = bernoulli_rows(
+            v.dims(),
+            keep,
+            v.dtype(),
+            v.device(),
+            key,
+            ctx.examples.first,
+        )?
+        .scale(1.0 / keep)?;
         Ok(x.mask_mul(&mask)?)
     }
 }

@@ -1,4 +1,5 @@
-//! Layers, losses, metrics and the [`Sequential`] model, in Keras's terms.
+//! Layers, losses, metrics and the [`Network`] model (stacked as Keras's `Sequential`, or
+//! built with the functional API, [`Graph`]), in Keras's terms.
 //!
 //! A model owns its parameters as a flat list of tensors with stable names
 //! (`dense/kernel`, `dense_1/bias`, ...), always in the same order: that order is how an
@@ -8,26 +9,32 @@
 mod activation;
 mod conv;
 mod error;
+mod graph;
 mod layer;
 mod layers;
 pub mod loss;
+mod merge;
 pub mod metrics;
+mod network;
+mod normalization;
 mod pooling;
 pub mod scope;
-mod sequential;
 
 pub use activation::Activation;
 pub use conv::Conv2D;
 pub use error::NnError;
-pub use layer::{ForwardCtx, Layer, LayerClone, ParamSpec};
+pub use graph::{Graph, Symbol};
+pub use layer::{Examples, ForwardCtx, Layer, LayerClone, ParamSpec, Role};
 pub use layers::{Dense, Dropout, Flatten, Reshape};
 pub use loss::{
     CategoricalCrossentropy, Loss, MeanSquaredError, Reduction, SparseCategoricalCrossentropy,
 };
-pub use metrics::{Accuracy, Mean, Metric};
+pub use merge::{Add, Concatenate};
+pub use metrics::{Accuracy, Mean, Metric, Overlap, OverlapScore};
 pub use mirra_tensor::Padding;
+pub use network::{ModelOutput, Network, Sequential};
+pub use normalization::BatchNormalization;
 pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, MaxPooling2D, UpSampling2D};
-pub use sequential::{ModelOutput, Sequential};
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, NnError>;

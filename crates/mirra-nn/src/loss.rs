@@ -94,17 +94,30 @@ impl Loss for SparseCategoricalCrossentropy {
 
     fn per_example<'t>(&self, out: &ModelOutput<'t>, y_true: &Tensor) -> Result<Var<'t>> {
         batch_check(self.name(), &out.output, y_true)?;
-        if y_true.dtype().is_float() || y_true.rank() != 1 {
+        let out_dims = out.output.shape().to_vec();
+        // Labels `[batch, ...]` for outputs `[batch, ..., classes]`: one class per example,
+        // or per pixel (segmentation), whose losses each example averages.
+        if y_true.dtype().is_float() || out_dims.len() != y_true.rank() + 1 {
             return Err(NnError::InputMismatch {
                 what: "sparse_categorical_crossentropy labels",
-                expected: "integer class ids of shape [batch]".into(),
+                expected: format!(
+                    "integer class ids of shape {:?}",
+                    &out_dims[..out_dims.len().saturating_sub(1)]
+                ),
                 got: format!("{} of shape {}", y_true.dtype(), y_true.shape()),
             });
         }
         let logp = log_probs(out, self.from_logits)?;
+        let mut dims = y_true.dims().to_vec();
+        dims.push(1);
+        let index = y_true.to_dtype(mirra_tensor::DType::I64)?.reshape(&dims)?;
+        let nll = logp.gather(-1, &index)?.neg()?;
         let batch = y_true.dims()[0];
-        let index = y_true.reshape(&[batch, 1])?;
-        Ok(logp.gather(-1, &index)?.reshape(&[batch])?.neg()?)
+        Ok(if y_true.rank() == 1 {
+            nll.reshape(&[batch])?
+        } else {
+            nll.reshape(&[batch, usize::MAX])?.mean(&[1], false)?
+        })
     }
 }
 

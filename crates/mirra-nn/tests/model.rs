@@ -4,9 +4,8 @@
 use mirra_autograd::Tape;
 use mirra_nn::loss::{CategoricalCrossentropy, MeanSquaredError, SparseCategoricalCrossentropy};
 use mirra_nn::{
-    Accuracy, Activation, Dense, Dropout, Flatten, Loss, Metric, Reduction, Sequential,
+    Accuracy, Activation, Dense, Dropout, Examples, Flatten, Loss, Metric, Reduction, Sequential,
 };
-use mirra_tensor::init::rng;
 use mirra_tensor::{DType, Device, Tensor};
 
 fn mlp() -> Sequential {
@@ -44,10 +43,10 @@ fn parameters_have_stable_keras_names_and_shapes() {
 
 #[test]
 fn wrong_input_shape_is_a_clear_error() {
-    let m = mlp();
+    let mut m = mlp();
     let tape = Tape::new();
     let x = Tensor::zeros(&[5, 3], DType::F32, Device::Cpu).unwrap();
-    let err = m.forward(&tape, x, false, &mut rng(0)).unwrap_err();
+    let err = m.forward(&tape, x, false, Examples::default()).unwrap_err();
     assert_eq!(
         err.to_string(),
         "model input: expected [batch, 2, 2], got [5, 3]"
@@ -56,7 +55,7 @@ fn wrong_input_shape_is_a_clear_error() {
 
 #[test]
 fn cross_entropy_from_probabilities_uses_the_logits_like_keras() {
-    let m = mlp();
+    let mut m = mlp();
     let tape = Tape::new();
     let x = Tensor::from_slice(
         &[0.1f32, 0.2, 0.3, 0.4, 1.0, -1.0, 0.5, 0.0],
@@ -65,7 +64,7 @@ fn cross_entropy_from_probabilities_uses_the_logits_like_keras() {
     )
     .unwrap();
     let y = Tensor::from_slice(&[2i64, 0], &[2], Device::Cpu).unwrap();
-    let out = m.forward(&tape, x, true, &mut rng(0)).unwrap();
+    let out = m.forward(&tape, x, true, Examples::default()).unwrap();
     let loss = SparseCategoricalCrossentropy::default()
         .compute(&out, &y, Reduction::SumOverBatchSize)
         .unwrap();
@@ -109,10 +108,10 @@ fn mean_squared_error_by_hand() {
 
 #[test]
 fn labels_for_another_batch_size_are_rejected() {
-    let m = mlp();
+    let mut m = mlp();
     let tape = Tape::new();
     let x = Tensor::zeros(&[2, 2, 2], DType::F32, Device::Cpu).unwrap();
-    let out = m.forward(&tape, x, false, &mut rng(0)).unwrap();
+    let out = m.forward(&tape, x, false, Examples::default()).unwrap();
     let y = Tensor::from_slice(&[1i64, 0, 2], &[3], Device::Cpu).unwrap();
     let err = SparseCategoricalCrossentropy::default()
         .compute(&out, &y, Reduction::Sum)
@@ -127,7 +126,15 @@ fn dropout_zeroes_and_rescales_only_while_training() {
     let x = Tensor::ones(&[1, 1000], DType::F32, Device::Cpu).unwrap();
     let tape = Tape::new();
     let y = m
-        .forward(&tape, x.clone(), true, &mut rng(3))
+        .forward(
+            &tape,
+            x.clone(),
+            true,
+            Examples {
+                step_key: 3,
+                first: 0,
+            },
+        )
         .unwrap()
         .output
         .value()
@@ -145,6 +152,30 @@ fn dropout_zeroes_and_rescales_only_while_training() {
         bad.build(&[3], 0).unwrap_err().to_string(),
         "dropout: rate 1 outside [0, 1)"
     );
+}
+
+/// An example's mask depends on the step's key and its index in the global batch, not on
+/// the batch it was computed in: the halves of a batch, each given its first index, drop
+/// what the whole batch drops (so N replicas drop what one device drops).
+#[test]
+fn dropout_masks_follow_the_example_not_the_split() {
+    let mut m = Sequential::new(vec![Box::new(Dropout::new(0.5))]);
+    m.build(&[50], 0).unwrap();
+    let x = Tensor::ones(&[4, 50], DType::F32, Device::Cpu).unwrap();
+    let mut run = |x: Tensor, step_key: u64, first: usize| {
+        let tape = Tape::new();
+        let out = m
+            .forward(&tape, x, true, Examples { step_key, first })
+            .unwrap();
+        out.output.value().to_vec::<f32>().unwrap()
+    };
+    let whole = run(x.clone(), 7, 0);
+    let mut halves = run(x.narrow(0, 0, 2).unwrap(), 7, 0);
+    halves.extend(run(x.narrow(0, 2, 2).unwrap(), 7, 2));
+    assert_eq!(whole, halves);
+    // Another step, or the second half taken as the first examples, drops others.
+    assert_ne!(run(x.clone(), 8, 0), whole);
+    assert_ne!(run(x.narrow(0, 2, 2).unwrap(), 7, 0), whole[100..]);
 }
 
 #[test]

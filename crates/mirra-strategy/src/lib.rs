@@ -14,6 +14,7 @@
 //!
 //! The training loop that uses them (`fit` under a strategy) lives in `mirra-train`.
 
+mod cross_replica;
 mod error;
 mod input;
 mod pool;

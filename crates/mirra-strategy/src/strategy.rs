@@ -1,14 +1,18 @@
 //! [`MirroredStrategy`]: the replicas, their scope, `run` and `reduce`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use mirra_autograd::LinearMap;
 use mirra_collectives::{
-    cpu_group, device_group, noop_group, Config, ReduceOp, BACKENDS, DEVICE_BACKENDS, NOOP,
+    cpu_group, device_group, noop_group, Communicator, Config, ReduceOp, BACKENDS, DEVICE_BACKENDS,
+    NOOP,
 };
 use mirra_device::Device;
-use mirra_nn::Sequential;
+use mirra_nn::Network;
 use mirra_tensor::Tensor;
 
+use crate::cross_replica::CrossReplicaSum;
 use crate::pool::{ReplicaContext, ReplicaPool};
 use crate::reducer::DEFAULT_BUCKET_BYTES;
 use crate::{Result, StrategyError};
@@ -132,6 +136,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct MirroredStrategy {
     id: u64,
     pool: ReplicaPool,
+    /// Per replica, the sum across replicas that layers use inside a step.
+    sums: Vec<Arc<CrossReplicaSum>>,
     config: StrategyConfig,
     threads_per_replica: usize,
 }
@@ -164,29 +170,14 @@ impl MirroredStrategy {
                 config.devices.len()
             )));
         }
-        let name = config.collective.as_str();
-        let comms = if config.on_cuda() {
-            if BACKENDS.contains(&name) || name == NOOP {
-                return Err(StrategyError::Invalid(format!(
-                    "collective `{name}` moves host buffers; replicas on CUDA devices need one \
-                     of {}",
-                    DEVICE_BACKENDS.join(", ")
-                )));
-            }
-            device_group(name, &config.devices, config.collectives.clone())?
-        } else if name == NOOP {
-            noop_group(config.replicas)
-        } else {
-            if DEVICE_BACKENDS.contains(&name) {
-                return Err(StrategyError::Invalid(format!(
-                    "collective `{name}` moves CUDA device buffers; replicas on the host need \
-                     one of {}",
-                    BACKENDS.join(", ")
-                )));
-            }
-            // An unknown name: the collectives crate names the known backends.
-            cpu_group(name, config.replicas, config.collectives.clone())?
-        };
+        let comms = group(&config)?;
+        // A second group for the sums that synchronised batch norm makes inside forward
+        // and backward passes: its own sequence, so they never queue behind (or ahead of)
+        // the gradient buckets in flight on the first.
+        let sums = group(&config)?
+            .into_iter()
+            .map(|c| Arc::new(CrossReplicaSum::new(c)))
+            .collect();
         if config.bucket_bytes == 0 {
             return Err(StrategyError::Invalid(
                 "the gradient bucket size must be at least 1 byte".into(),
@@ -201,6 +192,7 @@ impl MirroredStrategy {
         Ok(MirroredStrategy {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
+            sums,
             config,
             threads_per_replica,
         })
@@ -231,6 +223,12 @@ impl MirroredStrategy {
         self.threads_per_replica
     }
 
+    /// Replica `r`'s sum across all replicas, for layers that synchronise statistics in a
+    /// step (synchronised batch norm); [`MirroredStrategy::mirror`] gives it to each copy.
+    pub fn cross_replica_sum(&self, r: usize) -> Arc<dyn LinearMap> {
+        self.sums[r].clone()
+    }
+
     /// Run `f` with this strategy's variable scope entered: models built inside are
     /// mirrored (TensorFlow's `with strategy.scope():`).
     pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
@@ -238,7 +236,7 @@ impl MirroredStrategy {
     }
 
     /// An error unless `net`'s variables were created inside this strategy's scope.
-    pub fn check_scope(&self, net: &Sequential) -> Result<()> {
+    pub fn check_scope(&self, net: &Network) -> Result<()> {
         if net.variable_scope() == Some(self.id) {
             return Ok(());
         }
@@ -257,36 +255,36 @@ impl MirroredStrategy {
         })
     }
 
-    /// One copy of `net` per replica, each on its replica's device: replica 0's is `net`
-    /// itself (moved to replica 0's device) and every other replica's parameters are
-    /// received from it by broadcast, so all start bitwise identical. `net` must have been
-    /// built inside [`scope`](MirroredStrategy::scope).
-    pub fn mirror(&self, mut net: Sequential) -> Result<Vec<Sequential>> {
+    /// One copy of `net` per replica, each on its replica's device and with its
+    /// replica's [`cross_replica_sum`](MirroredStrategy::cross_replica_sum): replica 0's
+    /// is `net` itself (moved to replica 0's device) and every other replica's variables
+    /// (weights and state) are received from it by broadcast, so all start bitwise
+    /// identical. `net` must have been built inside [`scope`](MirroredStrategy::scope).
+    pub fn mirror(&self, mut net: Network) -> Result<Vec<Network>> {
         self.check_scope(&net)?;
         let n = self.num_replicas_in_sync();
-        let moved = |net: &mut Sequential, d: Device| {
-            net.to_device(d)
-                .map_err(|e| StrategyError::Invalid(e.to_string()))
-        };
-        moved(&mut net, self.device(0))?;
+        let invalid = |e: mirra_nn::NnError| StrategyError::Invalid(e.to_string());
+        net.to_device(self.device(0)).map_err(invalid)?;
         let mut copies = Vec::with_capacity(n);
         for r in 1..n {
             let mut c = net.clone();
-            moved(&mut c, self.device(r))?;
+            c.to_device(self.device(r)).map_err(invalid)?;
             let fresh: std::result::Result<Vec<Tensor>, _> =
-                c.params().iter().map(|p| p.zeros_like()).collect();
-            c.set_params(fresh?)
-                .map_err(|e| StrategyError::Invalid(e.to_string()))?;
+                c.weights().iter().map(Tensor::zeros_like).collect();
+            c.set_weights(fresh?).map_err(invalid)?;
             copies.push(c);
         }
         copies.insert(0, net);
-        let slots: Vec<std::sync::Mutex<&mut Sequential>> =
+        for (r, c) in copies.iter_mut().enumerate() {
+            c.set_cross_replica(Some(self.cross_replica_sum(r)));
+        }
+        let slots: Vec<std::sync::Mutex<&mut Network>> =
             copies.iter_mut().map(std::sync::Mutex::new).collect();
         let results = self.run(|ctx| -> Result<()> {
             let mut net = slots[ctx.replica_id]
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            for p in net.params_mut() {
+            for p in net.weights_mut() {
                 let mut buf = p
                     .copy()?
                     .into_buffer()
@@ -366,13 +364,40 @@ impl MirroredStrategy {
     }
 }
 
+/// One communicator per replica, of the configured backend.
+fn group(config: &StrategyConfig) -> Result<Vec<Box<dyn Communicator>>> {
+    let name = config.collective.as_str();
+    Ok(if config.on_cuda() {
+        if BACKENDS.contains(&name) || name == NOOP {
+            return Err(StrategyError::Invalid(format!(
+                "collective `{name}` moves host buffers; replicas on CUDA devices need one \
+                 of {}",
+                DEVICE_BACKENDS.join(", ")
+            )));
+        }
+        device_group(name, &config.devices, config.collectives.clone())?
+    } else if name == NOOP {
+        noop_group(config.replicas)
+    } else {
+        if DEVICE_BACKENDS.contains(&name) {
+            return Err(StrategyError::Invalid(format!(
+                "collective `{name}` moves CUDA device buffers; replicas on the host need \
+                 one of {}",
+                BACKENDS.join(", ")
+            )));
+        }
+        // An unknown name: the collectives crate names the known backends.
+        cpu_group(name, config.replicas, config.collectives.clone())?
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use mirra_nn::{Activation, Dense, Flatten};
 
-    fn net() -> Sequential {
-        let mut n = Sequential::new(vec![
+    fn net() -> Network {
+        let mut n = Network::new(vec![
             Box::new(Flatten),
             Box::new(Dense::new(5, Activation::Relu)),
             Box::new(Dense::new(2, Activation::Linear)),

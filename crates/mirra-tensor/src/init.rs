@@ -133,6 +133,38 @@ pub fn bernoulli(
     Tensor::from_vec(v, dims, device)?.to_dtype(dtype)
 }
 
+/// [`bernoulli`] with each row (index along the first dimension) drawn from its own
+/// generator, keyed by `key` and the row's index plus `first_row`: the mask of an example
+/// depends on its place in the global batch, never on how the batch was split (dropout
+/// under a mirrored strategy draws the single device's masks).
+pub fn bernoulli_rows(
+    dims: &[usize],
+    keep: f64,
+    dtype: DType,
+    device: Device,
+    key: u64,
+    first_row: usize,
+) -> Result<Tensor> {
+    let n: usize = dims.iter().product();
+    let per_row = n / dims.first().copied().unwrap_or(1).max(1);
+    let mut v = vec![0f32; n];
+    for (r, row) in v.chunks_mut(per_row.max(1)).enumerate() {
+        let mut g = rng(mix(key, (first_row + r) as u64));
+        for x in row {
+            *x = f32::from(u8::from(g.random::<f64>() < keep));
+        }
+    }
+    Tensor::from_vec(v, dims, device)?.to_dtype(dtype)
+}
+
+/// SplitMix64 of two keys: unrelated seeds for neighbouring keys.
+pub fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 fn uniform(n: usize, low: f64, high: f64, rng: &mut Rng) -> Vec<f64> {
     (0..n)
         .map(|_| low + (high - low) * rng.random::<f64>())

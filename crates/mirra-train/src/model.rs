@@ -7,11 +7,12 @@ use std::time::Instant;
 use mirra_autograd::Tape;
 use mirra_data::Dataset;
 use mirra_device::trace;
-use mirra_nn::{Loss, Mean, Metric, Reduction, Sequential};
+use mirra_nn::{Examples, Loss, Mean, Metric, ModelOutput, Network, Reduction};
 use mirra_optim::Optimizer;
 use mirra_strategy::MirroredStrategy;
 use mirra_tensor::init::{rng, Rng};
 use mirra_tensor::{DType, Device, Tensor};
+use rand::RngExt as _;
 
 use crate::replicas::{CommStats, Mirrors, Primary};
 use crate::rng_state::RngState;
@@ -37,7 +38,7 @@ impl Default for FitConfig {
 
 /// A network with its optimizer, loss and metrics (Keras's compiled `Model`).
 pub struct Model {
-    net: Sequential,
+    net: Network,
     optimizer: Box<dyn Optimizer>,
     loss: Box<dyn Loss>,
     metrics: Vec<Box<dyn Metric>>,
@@ -129,7 +130,7 @@ impl Model {
     /// Compile a built network with an optimizer, a loss and metrics. `seed` drives
     /// training-time randomness (dropout).
     pub fn compile(
-        net: Sequential,
+        net: Network,
         optimizer: Box<dyn Optimizer>,
         loss: Box<dyn Loss>,
         metrics: Vec<Box<dyn Metric>>,
@@ -156,13 +157,13 @@ impl Model {
     /// step splits the global batch among the replicas and all-reduces the gradients.
     pub fn compile_in(
         strategy: Arc<MirroredStrategy>,
-        net: Sequential,
+        net: Network,
         optimizer: Box<dyn Optimizer>,
         loss: Box<dyn Loss>,
         metrics: Vec<Box<dyn Metric>>,
         seed: u64,
     ) -> Result<Model> {
-        let (net, mirrors) = Mirrors::new(strategy, net, optimizer.as_ref(), seed)?;
+        let (net, mirrors) = Mirrors::new(strategy, net, optimizer.as_ref())?;
         let mut model = Model::compile(net, optimizer, loss, metrics, seed);
         model.mirrors = Some(mirrors);
         Ok(model)
@@ -220,9 +221,10 @@ impl Model {
             .collect();
         let others = m.other_nets().zip(m.other_optimizers());
         for (r, (net, opt)) in others.enumerate() {
-            let names = net.param_names().iter().cloned();
-            let theirs: Vec<(String, Tensor)> = names
-                .zip(net.params().iter().cloned())
+            let theirs: Vec<(String, Tensor)> = net
+                .weight_names()
+                .into_iter()
+                .zip(net.weights())
                 .chain(opt.state())
                 .collect();
             if theirs.len() != reference.len() {
@@ -270,13 +272,13 @@ impl Model {
     }
 
     /// The network.
-    pub fn net(&self) -> &Sequential {
+    pub fn net(&self) -> &Network {
         &self.net
     }
 
     /// The network, mutably. Under a strategy this is replica 0's alone: change weights
     /// with [`Model::set_weights`], which reaches every replica.
-    pub fn net_mut(&mut self) -> &mut Sequential {
+    pub fn net_mut(&mut self) -> &mut Network {
         &mut self.net
     }
 
@@ -292,23 +294,25 @@ impl Model {
         self.optimizer.as_mut()
     }
 
-    /// The weights by name (`dense/kernel`, ...), in the network's parameter order. The
-    /// tensors share their buffers with the model (the next update copies a shared
-    /// buffer before changing it), so they are a snapshot.
+    /// Every variable by name (`dense/kernel`, ..., then non-trainable state such as
+    /// `batch_normalization/moving_mean`), in the order of [`Network::weights`] (Keras's
+    /// `get_weights`). The tensors share their buffers with the model (the next update
+    /// copies a shared buffer before changing it), so they are a snapshot.
     pub fn get_weights(&self) -> Vec<(String, Tensor)> {
-        let names = self.net.param_names().iter().cloned();
-        names.zip(self.net.params().iter().cloned()).collect()
+        let names = self.net.weight_names().into_iter();
+        names.zip(self.net.weights()).collect()
     }
 
-    /// Replace the weights (by position, checked against the network's shapes and dtypes).
+    /// Replace every variable (by position, checked against the network's shapes and
+    /// dtypes).
     pub fn set_weights(&mut self, weights: Vec<Tensor>) -> Result<()> {
         if let Some(m) = &mut self.mirrors {
             // Checked on replica 0 first, so that a bad list changes no replica.
             let mut check = self.net.clone();
-            check.set_params(weights.clone())?;
-            m.for_others(|net, _| Ok(net.set_params(weights.clone())?))?;
+            check.set_weights(weights.clone())?;
+            m.for_others(|net, _| Ok(net.set_weights(weights.clone())?))?;
         }
-        self.net.set_params(weights)?;
+        self.net.set_weights(weights)?;
         Ok(())
     }
 
@@ -322,7 +326,9 @@ impl Model {
     /// weights and optimizer. The slots are checked against the weights' shapes here
     /// (the optimizer alone would only notice at the next step); on error nothing changes.
     pub fn load_optimizer_state(&mut self, state: &[(String, Tensor)]) -> Result<()> {
-        let weights = self.get_weights();
+        // Optimizer slots exist for the trainable weights, which come first.
+        let mut weights = self.get_weights();
+        weights.truncate(self.net.params().len());
         let mut covered = 0;
         for (key, t) in state {
             // Keys other than `{i}/{slot}` are the optimizer's to judge.
@@ -334,7 +340,8 @@ impl Model {
             };
             let Some((name, w)) = weights.get(i) else {
                 return Err(TrainError::Invalid(format!(
-                    "optimizer state `{key}` is for weight {i}, but the model has {} weights",
+                    "optimizer state `{key}` is for weight {i}, but the model has {} trainable \
+                     weights",
                     weights.len()
                 )));
             };
@@ -349,7 +356,7 @@ impl Model {
         }
         if covered != 0 && covered != weights.len() {
             return Err(TrainError::Invalid(format!(
-                "optimizer state covers {covered} weights, but the model has {}",
+                "optimizer state covers {covered} weights, but the model has {} trainable ones",
                 weights.len()
             )));
         }
@@ -404,9 +411,9 @@ impl Model {
     /// weights: `fit` runs it at the end of every epoch and whenever the loss is not
     /// finite.
     pub fn first_non_finite_weight(&self) -> Result<Option<(String, usize, f64)>> {
-        for (name, w) in self.net.param_names().iter().zip(self.net.params()) {
+        for (name, w) in self.net.weight_names().into_iter().zip(self.net.weights()) {
             if let Some((at, value)) = w.first_non_finite()? {
-                return Ok(Some((name.clone(), at, value)));
+                return Ok(Some((name, at, value)));
             }
         }
         Ok(None)
@@ -415,18 +422,22 @@ impl Model {
     /// One step of gradient descent on a batch: forward, backward, update.
     pub fn train_step(&mut self, x: Tensor, y: &Tensor) -> Result<StepOutput> {
         let y = &y.to_device(self.device())?;
+        // The key of this step's dropout masks: drawn once, the same on every replica
+        // (an example's mask is keyed by it and the example's place in the batch).
+        let step_key = self.rng.random::<u64>();
         if let Some(m) = &mut self.mirrors {
             let primary = Primary {
                 net: &mut self.net,
                 optimizer: self.optimizer.as_mut(),
                 tape: &mut self.tape,
             };
-            let (loss, output) = m.step(primary, self.loss.as_ref(), x, y)?;
+            let (loss, output) = m.step(primary, self.loss.as_ref(), x, y, step_key)?;
             return Ok(StepOutput { loss, output });
         }
         let (loss, output) = {
             let forward = trace::span("compute", "forward");
-            let out = self.net.forward(&self.tape, x, true, &mut self.rng)?;
+            let examples = Examples { step_key, first: 0 };
+            let out = self.net.forward(&self.tape, x, true, examples)?;
             let loss = self.loss.compute(&out, y, Reduction::SumOverBatchSize)?;
             drop(forward);
             let _backward = trace::span("compute", "backward");
@@ -610,7 +621,7 @@ impl Model {
             let (x, y) = split_batch(batch?)?;
             let y = y.to_device(self.device())?;
             let n = x.dims().first().copied().unwrap_or(0);
-            let out = self.net.forward_inference(&tape, x)?;
+            let out = self.infer(&tape, x)?;
             let loss = self.loss.compute(&out, &y, Reduction::SumOverBatchSize)?;
             loss_mean.add(scalar(loss.value())?, n as f64);
             examples += n;
@@ -639,10 +650,29 @@ impl Model {
             let x = batch.into_iter().next().ok_or_else(|| {
                 TrainError::Invalid("predict: dataset elements hold no tensor".into())
             })?;
-            outs.push(self.net.predict(x)?);
+            let tape = Tape::new();
+            outs.push(self.infer(&tape, x)?.output.value().clone());
         }
         let refs: Vec<&Tensor> = outs.iter().collect();
         Ok(Tensor::concat(&refs, 0)?)
+    }
+
+    /// The inference output for a batch: on one device, or split across the replicas of
+    /// the strategy and gathered on replica 0's device (the same values: an example's
+    /// output does not depend on the rest of its batch in inference).
+    fn infer<'t>(&self, tape: &'t Tape, x: Tensor) -> Result<ModelOutput<'t>> {
+        let Some(m) = self
+            .mirrors
+            .as_ref()
+            .filter(|m| m.strategy.num_replicas_in_sync() > 1)
+        else {
+            return Ok(self.net.forward_inference(tape, x)?);
+        };
+        let (output, logits) = m.infer(&self.net, x)?;
+        Ok(ModelOutput {
+            output: tape.constant(output),
+            logits: logits.map(|l| tape.constant(l)),
+        })
     }
 }
 

@@ -16,19 +16,17 @@ use std::time::Instant;
 
 use mirra_autograd::Tape;
 use mirra_device::trace;
-use mirra_nn::{Loss, Reduction, Sequential};
+use mirra_nn::{Examples, Loss, Network, Reduction, Role};
 use mirra_optim::Optimizer;
 use mirra_strategy::{split_batch, Communicator, GradientReducer, MirroredStrategy};
-use mirra_tensor::init::Rng;
 use mirra_tensor::{DType, Tensor};
-use rand::SeedableRng;
 
 use crate::{Result, TrainError};
 
 /// One replica's own state (replicas `1..n`).
 #[derive(Debug)]
 struct Replica {
-    net: Sequential,
+    net: Network,
     optimizer: Box<dyn Optimizer>,
     tape: Tape,
 }
@@ -44,7 +42,6 @@ pub(crate) struct Mirrors {
     pub(crate) accumulation: usize,
     /// Micro-steps taken since the last synchronised one.
     micro: usize,
-    seed: u64,
     stats: CommStats,
 }
 
@@ -91,7 +88,7 @@ impl CommStats {
 
 /// What one replica's step works on.
 struct View<'a> {
-    net: &'a mut Sequential,
+    net: &'a mut Network,
     optimizer: &'a mut dyn Optimizer,
     tape: &'a mut Tape,
     reducer: &'a mut GradientReducer,
@@ -99,7 +96,7 @@ struct View<'a> {
 
 /// Replica 0's state, lent by the model for one step.
 pub(crate) struct Primary<'a> {
-    pub(crate) net: &'a mut Sequential,
+    pub(crate) net: &'a mut Network,
     pub(crate) optimizer: &'a mut dyn Optimizer,
     pub(crate) tape: &'a mut Tape,
 }
@@ -109,10 +106,9 @@ impl Mirrors {
     /// returns replica 0's network and the mirrors.
     pub(crate) fn new(
         strategy: Arc<MirroredStrategy>,
-        net: Sequential,
+        net: Network,
         optimizer: &dyn Optimizer,
-        seed: u64,
-    ) -> Result<(Sequential, Mirrors)> {
+    ) -> Result<(Network, Mirrors)> {
         let copies = strategy.mirror(net)?;
         // Each replica's buckets on its own device.
         let reducers = copies
@@ -136,7 +132,6 @@ impl Mirrors {
                 reducers,
                 accumulation: 1,
                 micro: 0,
-                seed,
                 stats: CommStats::default(),
             },
         ))
@@ -146,7 +141,7 @@ impl Mirrors {
     /// them equal to it when the model changes replica 0's directly).
     pub(crate) fn for_others(
         &mut self,
-        mut f: impl FnMut(&mut Sequential, &mut dyn Optimizer) -> Result<()>,
+        mut f: impl FnMut(&mut Network, &mut dyn Optimizer) -> Result<()>,
     ) -> Result<()> {
         for r in &mut self.others {
             f(&mut r.net, r.optimizer.as_mut())?;
@@ -166,13 +161,56 @@ impl Mirrors {
     }
 
     /// Every replica's network, replica 0's first (for tests of the invariants).
-    pub(crate) fn other_nets(&self) -> impl Iterator<Item = &Sequential> {
+    pub(crate) fn other_nets(&self) -> impl Iterator<Item = &Network> {
         self.others.iter().map(|r| &r.net)
     }
 
     /// Every replica's optimizer other than replica 0's.
     pub(crate) fn other_optimizers(&self) -> impl Iterator<Item = &dyn Optimizer> {
         self.others.iter().map(|r| r.optimizer.as_ref())
+    }
+
+    /// The model's output (and logits, when it ends in a softmax) for the batch `x`, its
+    /// parts computed by the replicas in parallel, each on its own device, and gathered
+    /// in order on replica 0's (`evaluate` and `predict` under a strategy). An example's
+    /// output does not depend on the others in inference, so it is the single device's.
+    pub(crate) fn infer(&self, primary: &Network, x: Tensor) -> Result<(Tensor, Option<Tensor>)> {
+        let n = self.strategy.num_replicas_in_sync();
+        let shards = split_batch(&[x], n)?;
+        let nets: Vec<&Network> = std::iter::once(primary)
+            .chain(self.others.iter().map(|r| &r.net))
+            .collect();
+        let here = self.strategy.device(0);
+        let results = self
+            .strategy
+            .run(|ctx| -> Result<Option<(Tensor, Option<Tensor>)>> {
+                let Some([x]) = shards[ctx.replica_id].as_deref() else {
+                    return Ok(None);
+                };
+                let tape = Tape::new();
+                let out = nets[ctx.replica_id].forward_inference(&tape, x.clone())?;
+                let logits = match &out.logits {
+                    Some(l) => Some(l.value().to_device(here)?),
+                    None => None,
+                };
+                Ok(Some((out.output.value().to_device(here)?, logits)))
+            })?;
+        let (mut outputs, mut logits) = (Vec::new(), Vec::new());
+        for r in results.into_values() {
+            if let Some((o, l)) = r? {
+                outputs.push(o);
+                logits.extend(l);
+            }
+        }
+        let cat = |ts: &[Tensor]| -> Result<Tensor> {
+            Ok(Tensor::concat(&ts.iter().collect::<Vec<_>>(), 0)?)
+        };
+        let logits = if logits.len() == outputs.len() {
+            Some(cat(&logits)?)
+        } else {
+            None
+        };
+        Ok((cat(&outputs)?, logits))
     }
 
     /// One distributed step on the global batch `(x, y)`: returns the batch's mean loss
@@ -183,6 +221,7 @@ impl Mirrors {
         loss: &dyn Loss,
         x: Tensor,
         y: &Tensor,
+        step_key: u64,
     ) -> Result<(f64, Tensor)> {
         let started = Instant::now();
         let n = self.strategy.num_replicas_in_sync();
@@ -201,8 +240,6 @@ impl Mirrors {
         // The sum of every replica's loss over every micro-step is the mean over all of
         // their examples (micro-batches of equal size).
         let scale = 1.0 / (batch * self.accumulation) as f64;
-        let iteration = primary.optimizer.iterations();
-        let (seed, micro) = (self.seed, self.micro as u64);
         let mut views = Vec::with_capacity(n);
         let mut reducers = self.reducers.iter_mut();
         views.push(Mutex::new(View {
@@ -219,14 +256,18 @@ impl Mirrors {
                 reducer,
             }));
         }
+        // Each replica's first example in the global batch (`split_batch` gives each
+        // `ceil(batch / n)` in order): dropout masks keyed by it and the step's key are
+        // the single device's.
+        let per_replica = batch.div_ceil(n);
         let results = self.strategy.run(|ctx| {
             let mut view = views[ctx.replica_id]
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            // Dropout masks from (seed, update, micro-step, replica): deterministic, so a
-            // resumed run draws the same masks, and different on every replica.
-            let mut rng = Rng::seed_from_u64(seed ^ iteration.rotate_left(20) ^ micro << 10);
-            rng.set_stream(ctx.replica_id as u64);
+            let examples = Examples {
+                step_key,
+                first: ctx.replica_id * per_replica,
+            };
             let result = replica_step(
                 &mut view,
                 shards[ctx.replica_id].as_deref(),
@@ -234,7 +275,7 @@ impl Mirrors {
                 scale,
                 sync,
                 ctx.comm,
-                &mut rng,
+                examples,
             );
             if result.is_err() {
                 // The others would wait for this replica's gradients until the deadline:
@@ -304,7 +345,7 @@ fn replica_step(
     scale: f64,
     sync: bool,
     comm: &dyn Communicator,
-    rng: &mut Rng,
+    examples: Examples,
 ) -> Result<(f64, Option<Tensor>)> {
     let View {
         net,
@@ -314,9 +355,14 @@ fn replica_step(
     } = view;
     reducer.begin(sync)?;
     let mut part = (0.0, None);
+    let count = shard.map_or(0, |s| s[0].dims().first().copied().unwrap_or(0));
+    if shard.is_none() {
+        // No examples: layers that sum statistics across replicas still take part.
+        net.step_without_examples()?;
+    }
     if let Some([x, y]) = shard {
         let forward = trace::span("compute", "forward");
-        let out = net.forward(tape, x.clone(), true, rng)?;
+        let out = net.forward(tape, x.clone(), true, examples)?;
         // The labels where the replica computes (the batch moves with `forward`).
         let y = y.to_device(net.device())?;
         let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
@@ -340,7 +386,67 @@ fn replica_step(
         optimizer.step(net.params_mut(), &grads)?;
         reducer.reclaim(grads);
     }
+    average_replica_local_state(net, count, comm)?;
     Ok(part)
+}
+
+/// Average the state each replica updated from its own examples ([`Role::ReplicaLocal`]:
+/// plain batch norm's moving statistics) across replicas, weighted by their examples, in
+/// one all-reduce of `Σ_r n_r s_r` and `Σ_r n_r`: every replica then holds bitwise the
+/// same state, as TensorFlow's mirrored variables with `MEAN` aggregation. Nothing to do
+/// for one replica, or a network without such state.
+fn average_replica_local_state(
+    net: &mut Network,
+    examples: usize,
+    comm: &dyn Communicator,
+) -> Result<()> {
+    let local: Vec<usize> = net
+        .state_roles()
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| **r == Role::ReplicaLocal)
+        .map(|(i, _)| i)
+        .collect();
+    if local.is_empty() || comm.world_size() == 1 {
+        return Ok(());
+    }
+    let state = net.state();
+    let n = examples as f64;
+    let mut parts = local
+        .iter()
+        .map(|&i| state[i].reshape(&[state[i].elem_count()])?.scale(n))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    parts.push(Tensor::full(
+        &[1],
+        n,
+        state[local[0]].dtype(),
+        net.device(),
+    )?);
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    let packed = Tensor::concat(&refs, 0)?;
+    let len = packed.elem_count();
+    let mut buf = packed
+        .into_buffer()
+        .map_err(|_| TrainError::Invalid("a fresh concatenation is unshared".into()))?;
+    comm.all_reduce(&mut buf, mirra_strategy::ReduceOp::Sum)
+        .map_err(mirra_strategy::StrategyError::from)?;
+    let summed = Tensor::from_buffer(buf, &[len])?;
+    let total = summed
+        .narrow(0, len - 1, 1)?
+        .to_dtype(DType::F64)?
+        .to_vec::<f64>()?[0];
+    let mut offset = 0;
+    for &i in &local {
+        let t = &net.state()[i];
+        let (count, dims) = (t.elem_count(), t.dims().to_vec());
+        let mean = summed
+            .narrow(0, offset, count)?
+            .scale(1.0 / total.max(1.0))?
+            .reshape(&dims)?;
+        net.state_mut()[i] = mean;
+        offset += count;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -348,7 +454,7 @@ mod tests {
     use std::sync::Arc;
 
     use mirra_nn::loss::SparseCategoricalCrossentropy;
-    use mirra_nn::{Accuracy, Activation, Dense, Flatten, Sequential};
+    use mirra_nn::{Accuracy, Activation, Dense, Flatten, Network};
     use mirra_optim::{Adam, Optimizer, Sgd};
     use mirra_strategy::{MirroredStrategy, StrategyConfig};
     use mirra_tensor::init::{rng, Initializer};
@@ -356,8 +462,8 @@ mod tests {
 
     use crate::Model;
 
-    fn net() -> Sequential {
-        let mut n = Sequential::new(vec![
+    fn net() -> Network {
+        let mut n = Network::new(vec![
             Box::new(Flatten),
             Box::new(Dense::new(16, Activation::Relu)),
             Box::new(Dense::new(8, Activation::Relu)),
@@ -612,5 +718,87 @@ mod tests {
         let e = m.check_replicas_in_sync().unwrap_err().to_string();
         assert!(e.starts_with("replica 1 has "), "{e}");
         assert!(e.contains("replica 0 has "), "{e}");
+    }
+
+    /// `evaluate` and `predict` split each batch across the replicas (each computes its
+    /// part on its own thread) and give bitwise the single device's figures, with batches
+    /// that leave replicas fewer or no examples.
+    #[test]
+    fn evaluate_and_predict_split_across_replicas_give_one_device_s_results() {
+        let (x, y) = data(23);
+        let labelled = mirra_data::Dataset::from_tensor_slices(vec![x.clone(), y])
+            .unwrap()
+            .batch(6, false);
+        let inputs = mirra_data::Dataset::from_tensor_slices(vec![x])
+            .unwrap()
+            .batch(6, false);
+        let mut one = compile(None);
+        let want = one.evaluate(&labelled).unwrap();
+        let want_out = one.predict(&inputs).unwrap().to_vec::<f32>().unwrap();
+        for replicas in [2, 4] {
+            let mut model = compile(Some(strategy(replicas, "ring", 1 << 20)));
+            let got = model.evaluate(&labelled).unwrap();
+            for (name, value) in want.iter() {
+                assert_eq!(got.get(name), Some(value), "{replicas} replicas: {name}");
+            }
+            let out = model.predict(&inputs).unwrap();
+            assert_eq!(out.dims(), [23, 3]);
+            assert_eq!(
+                out.to_vec::<f32>().unwrap(),
+                want_out,
+                "{replicas} replicas"
+            );
+            // The other replicas computed their parts: with replica 0's weights alone
+            // zeroed, the rows of the others (the second half of a batch of 6 on two
+            // replicas) keep their values.
+            let zeros = model
+                .net()
+                .params()
+                .iter()
+                .map(|p| p.zeros_like().unwrap())
+                .collect();
+            model.net_mut().set_params(zeros).unwrap();
+            let out = model.predict(&inputs).unwrap().to_vec::<f32>().unwrap();
+            let rows = |v: &[f32], r: std::ops::Range<usize>| v[r.start * 3..r.end * 3].to_vec();
+            assert_ne!(rows(&out, 0..1), rows(&want_out, 0..1), "replica 0's part");
+            assert_eq!(
+                rows(&out, 5..6),
+                rows(&want_out, 5..6),
+                "the last replica's part"
+            );
+        }
+    }
+
+    /// Dropout under the strategy drops what one device drops (masks keyed by the step
+    /// and each example's place in the global batch, not by replica): 2 and 3 replicas
+    /// follow the single-device losses; masks drawn per replica would not.
+    #[test]
+    fn dropout_on_n_replicas_follows_one_device() {
+        let dropped = || {
+            let mut n = Network::new(vec![
+                Box::new(Flatten),
+                Box::new(Dense::new(16, Activation::Relu)),
+                Box::new(mirra_nn::Dropout::new(0.5)),
+                Box::new(Dense::new(3, Activation::Softmax)),
+            ]);
+            n.build(&[6], 11).unwrap();
+            n
+        };
+        let loss = || Box::new(SparseCategoricalCrossentropy::default());
+        let sgd = || Box::new(Sgd::new(0.1));
+        let mut one = Model::compile(dropped(), sgd(), loss(), vec![], 5);
+        let want = trajectory(&mut one, 8, 12, 5);
+        for replicas in [2, 3] {
+            let s = strategy(replicas, "ring", 1 << 20);
+            let built = s.scope(dropped);
+            let mut m = Model::compile_in(s, built, sgd(), loss(), vec![], 5).unwrap();
+            let got = trajectory(&mut m, 8, 12, 5);
+            for (a, b) in got.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs(),
+                    "{replicas} replicas: {got:?} vs {want:?}"
+                );
+            }
+        }
     }
 }

@@ -37,11 +37,25 @@ pub struct TopoArgs {
     pub json: Option<PathBuf>,
 }
 
+/// `--lr-schedule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LrSchedule {
+    /// The same rate at every step.
+    Constant,
+    /// Cosine decay to 0 over the run.
+    Cosine,
+}
+
 /// Flags of `mirra train`.
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
-    /// The model to train: mlp (Flatten, Dense 128, 64, 10: 109,386 parameters) or cnn
-    /// (Conv2D 32 and 64 of 3x3, each with 2x2 max pooling, Dense 128, 10: 225,034).
+    /// The model to train: mlp (Flatten, Dense 128, 64, 10: 109,386 parameters), cnn
+    /// (Conv2D 32 and 64 of 3x3, each with 2x2 max pooling, Dense 128, 10: 225,034) or
+    /// resnet20 (the CIFAR ResNet-20: three stages of three residual blocks of 16, 32 and
+    /// 64 filters, batch norm, global average pooling: 272,186) or unet (a 2D U-Net of two
+    /// levels, 16 and 32 filters, a bottleneck of 64, skip connections: 118,155; it
+    /// segments 56x56 canvases of 2 to 4 digits made from the data, each pixel of a digit
+    /// labelled with its class, and reports mean_iou and dice over the ten digit classes).
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// Number of epochs.
@@ -53,6 +67,11 @@ pub struct TrainArgs {
     /// Adam's learning rate.
     #[arg(long, default_value_t = 1e-3, value_parser = positive_f64, allow_negative_numbers = true)]
     pub lr: f64,
+    /// How the learning rate changes over the run: constant, or cosine (Keras's
+    /// CosineDecay from --lr to 0 over every step of the --epochs, by update count, so a
+    /// resumed run continues the curve).
+    #[arg(long, value_enum, default_value_t = LrSchedule::Constant)]
+    pub lr_schedule: LrSchedule,
     /// A directory with the four standard MNIST files (train and t10k); by default the
     /// bundled t10k set, split 8,000 for training and 2,000 for validation.
     #[arg(long, value_name = "DIR")]
@@ -72,6 +91,12 @@ pub struct TrainArgs {
     /// from --seed, the epoch and each image's index.
     #[arg(long)]
     pub augment: bool,
+    /// Synchronise batch norm across replicas (models with batch norm: resnet20): the
+    /// batch statistics are summed over the replicas in every forward pass, so N replicas
+    /// normalise as one device over the global batch (Keras's SyncBatchNormalization);
+    /// without it each replica normalises by its own examples.
+    #[arg(long)]
+    pub sync_batch_norm: bool,
     /// Seed of weights, shuffling and dropout.
     #[arg(long, default_value_t = 1, value_parser = seed, allow_negative_numbers = true)]
     pub seed: u64,

@@ -77,6 +77,12 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
             Refuse,
         ),
         setting("lr", "--lr", args.lr.to_string(), Refuse),
+        setting(
+            "lr-schedule",
+            "--lr-schedule",
+            format!("{:?}", args.lr_schedule).to_lowercase(),
+            Refuse,
+        ),
         setting("scale-lr", "--scale-lr", on_off(args.scale_lr), Refuse),
         setting(
             "batch-size",
@@ -86,6 +92,12 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
         ),
         setting("seed", "--seed", args.seed.to_string(), Refuse),
         setting("augment", "--augment", on_off(args.augment), Refuse),
+        setting(
+            "sync-batch-norm",
+            "--sync-batch-norm",
+            on_off(args.sync_batch_norm),
+            Refuse,
+        ),
         setting("precision", "precision", "float32".into(), Refuse),
         setting("deterministic", "deterministic", on_off(false), Refuse),
         setting(

@@ -5,17 +5,22 @@ use mirra::device::Device;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use std::sync::Arc;
 
-use mirra::nn::{Accuracy, Metric};
-use mirra::optim::{scale_lr, Adam};
+use mirra::data::CLASSES;
+use mirra::models::Task;
+use mirra::nn::{Accuracy, Metric, Overlap};
+use mirra::optim::{scale_lr, Adam, CosineDecay};
 use mirra::strategy::{MirroredStrategy, StrategyConfig};
 use mirra::train::console::{print_line, stdout_closed, warn};
 use mirra::train::{Callback, FitConfig, HistoryFile, Model, ProgbarLogger};
 
-use crate::{Failure, TrainArgs};
+use crate::{Failure, LrSchedule, TrainArgs};
 
 pub fn run(args: TrainArgs) -> Result<(), Failure> {
     let run_err = |e: &dyn std::fmt::Display| Failure::Run(e.to_string());
-    let Some(mut net) = mirra::models::by_name(&args.model) else {
+    let options = mirra::models::Options {
+        sync_batch_norm: args.sync_batch_norm,
+    };
+    let Some(mut net) = mirra::models::by_name(&args.model, options) else {
         return Err(Failure::Usage(format!(
             "unknown model '{}' (known: {})",
             args.model,
@@ -44,11 +49,11 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         });
     }
     let device = devices[0];
-    if args.model == "cnn" && !device.is_cpu() {
+    if mirra::models::host_only(&args.model) && !device.is_cpu() {
         return Err(Failure::Usage(format!(
-            "--model cnn with --device {}: convolutions and pooling run on the host in this \
-             build (--device cpu)",
-            args.device
+            "--model {} with --device {}: convolutions, pooling and batch norm run on the \
+             host in this build (--device cpu)",
+            args.model, args.device
         )));
     }
     if args.tf32 && device.is_cpu() {
@@ -130,6 +135,30 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
              needs at least one of each"
         )));
     }
+    let task = mirra::models::task(&args.model);
+    let mnist = match task {
+        Task::Classification => mnist,
+        Task::Segmentation => {
+            if args.augment {
+                return Err(Failure::Usage(format!(
+                    "--augment with --model {}: augmentation moves the images but not their \
+                     segmentation masks",
+                    args.model
+                )));
+            }
+            // Canvases of 2-4 digits, half as many as there are digits; validation
+            // canvases from the validation digits.
+            let canvases = |split: &mirra::data::Split, salt: u64| {
+                mirra::data::digit_canvases(split, split.len().div_ceil(2), args.seed ^ salt)
+            };
+            Mnist {
+                train: canvases(&mnist.train, 0).map_err(|e| run_err(&e))?,
+                validation: canvases(&mnist.validation, 0x7e57).map_err(|e| run_err(&e))?,
+                ..mnist
+            }
+        }
+    };
+    let (train_n, val_n) = (mnist.train.len(), mnist.validation.len());
     // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
     let train = if args.augment {
         let augment = mirra::data::Augment::digits(args.seed);
@@ -142,9 +171,10 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         .map_err(|e| run_err(&e))?;
 
     // Under a strategy the model is built in its scope, so its variables are mirrored.
+    let input = mirra::models::input_shape(&args.model);
     match &strategy {
-        Some(s) => s.scope(|| net.build(&[28, 28], args.seed)),
-        None => net.build(&[28, 28], args.seed),
+        Some(s) => s.scope(|| net.build(&input, args.seed)),
+        None => net.build(&input, args.seed),
     }
     .map_err(|e| run_err(&e))?;
     net.to_device(device).map_err(|e| run_err(&e))?;
@@ -189,9 +219,25 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         args.epochs,
         args.seed,
     ));
-    let optimizer = Box::new(Adam::new(lr));
+    let optimizer = match args.lr_schedule {
+        LrSchedule::Constant => Box::new(Adam::new(lr)),
+        LrSchedule::Cosine => {
+            let steps = (train_n.div_ceil(args.batch_size) * args.epochs) as u64;
+            let cosine = CosineDecay::new(lr, steps, 0.0).map_err(|e| run_err(&e))?;
+            Box::new(Adam::new(lr).with_schedule(Box::new(cosine)))
+        }
+    };
     let loss = Box::new(SparseCategoricalCrossentropy::default());
-    let metrics: Vec<Box<dyn Metric>> = vec![Box::new(Accuracy::new())];
+    let metrics: Vec<Box<dyn Metric>> = match task {
+        Task::Classification => vec![Box::new(Accuracy::new())],
+        // Pixel accuracy, and the overlap of each digit class's mask (the background
+        // left out of the means): History keys `val_mean_iou` and `val_dice`.
+        Task::Segmentation => vec![
+            Box::new(Accuracy::new()),
+            Box::new(Overlap::mean_iou(CLASSES, &[0])),
+            Box::new(Overlap::dice(CLASSES, &[0])),
+        ],
+    };
     let mut model = match strategy {
         Some(s) => Model::compile_in(s, net, optimizer, loss, metrics, args.seed)
             .map_err(|e| run_err(&e))?,

@@ -86,7 +86,7 @@ fn one_epoch_on_the_bundled_data_reaches_90_percent() {
 #[test]
 fn bad_arguments_get_one_clear_line_and_exit_2() {
     let missing = std::env::temp_dir().join("mirra-no-such-dir");
-    let cases: [(&[&str], &str); 20] = [
+    let cases: [(&[&str], &str); 21] = [
         (&["train", "--batch-size", "0"], "--batch-size"),
         // A negative number used to be taken for a flag: "unexpected argument '-1'".
         (
@@ -148,6 +148,10 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
         (&["train", "--bucket-mb", "0"], "--bucket-mb"),
         (&["train", "--epochs", "0"], "--epochs"),
         (&["train", "--model", "resnet"], "unknown model 'resnet'"),
+        (
+            &["train", "--model", "unet", "--augment"],
+            "augmentation moves the images but not their segmentation masks",
+        ),
         (
             &["train", "--data", missing.to_str().unwrap()],
             "mirra-no-such-dir",
@@ -300,5 +304,74 @@ fn augmentation_is_seeded_and_independent_of_replicas() {
     {
         let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
         assert!((x - y).abs() <= 1e-4 * x.abs(), "{x} vs {y}");
+    }
+}
+
+/// The U-Net through the CLI on two replicas: canvases made from 80 digits, one epoch,
+/// and the History's segmentation figures (`val_mean_iou`, `val_dice`) in [0, 1].
+#[test]
+fn the_unet_trains_on_digit_canvases_and_reports_iou_and_dice() {
+    let data = tempfile::tempdir().unwrap();
+    let digits = mirra::data::Mnist::bundled().unwrap().train;
+    let pixels = digits
+        .pixels
+        .narrow(0, 0, 80)
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let labels = digits
+        .labels
+        .narrow(0, 0, 80)
+        .unwrap()
+        .to_vec::<i64>()
+        .unwrap();
+    let idx = |name: &str, dims: &[u32], body: &[u8]| {
+        let mut bytes = vec![0, 0, 0x08, dims.len() as u8];
+        for d in dims {
+            bytes.extend(d.to_be_bytes());
+        }
+        bytes.extend(body);
+        std::fs::write(data.path().join(name), bytes).unwrap();
+    };
+    idx(
+        "t10k-images-idx3-ubyte",
+        &[80, 28, 28],
+        pixels.as_slice::<u8>().unwrap(),
+    );
+    let labels: Vec<u8> = labels.iter().map(|&l| l as u8).collect();
+    idx("t10k-labels-idx1-ubyte", &[80], &labels);
+    let out_dir = tempfile::tempdir().unwrap();
+    let history = out_dir.path().join("history.json");
+    let out = mirra(&[
+        "train",
+        "--model",
+        "unet",
+        "--data",
+        data.path().to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--replicas",
+        "2",
+        "--history",
+        history.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("on 32 samples, validating on 8"),
+        "{stdout}"
+    );
+    let h: serde_json::Value = serde_json::from_slice(&std::fs::read(&history).unwrap()).unwrap();
+    for key in [
+        "val_mean_iou",
+        "val_dice",
+        "val_accuracy",
+        "mean_iou",
+        "dice",
+    ] {
+        let v = h[key][0].as_f64().unwrap_or(f64::NAN);
+        assert!((0.0..=1.0).contains(&v), "{key} = {v} in {h}");
     }
 }

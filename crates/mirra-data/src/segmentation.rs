@@ -1,0 +1,153 @@
+//! Segmentation data made from MNIST digits, so that a U-Net trains without a download
+//! (issue 16): 2 to 4 digits pasted at random places on a 56x56 canvas, each pixel of a
+//! digit above 0.5 labelled with that digit's class (`1 + digit`; 0 is the background),
+//! a later digit's pixels winning where two overlap (in the image, the brighter pixel).
+//! Canvases are drawn from a seed and their index alone, so a data set is the same on
+//! every run, replica count and machine; training canvases take training digits and
+//! validation canvases test digits.
+
+use rand::{RngExt as _, SeedableRng};
+
+use mirra_device::Device;
+use mirra_tensor::init::Rng;
+use mirra_tensor::Tensor;
+
+use crate::{DataError, Result, Split};
+
+/// A canvas's side, in pixels.
+pub const CANVAS: usize = 56;
+/// Classes of a pixel: the background and ten digits.
+pub const CLASSES: usize = 11;
+/// A digit's side.
+const DIGIT: usize = 28;
+
+/// `count` canvases from the digits of `source` (`u8` pixels `[n, 28, 28]`, labels
+/// `[n]`): a [`Split`] of `u8` images `[count, 56, 56]` and `u8` masks `[count, 56, 56]`
+/// (class ids in `0..11`), canvas `i` drawn from `seed` and `i`.
+pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> {
+    let n = source.len();
+    if n == 0 {
+        return Err(DataError::Incompatible {
+            op: "digit_canvases",
+            msg: "no digits to draw canvases from".into(),
+        });
+    }
+    let pixels = source.pixels.contiguous()?;
+    let pixels = pixels.as_slice::<u8>()?;
+    if pixels.len() != n * DIGIT * DIGIT {
+        return Err(DataError::Incompatible {
+            op: "digit_canvases",
+            msg: format!(
+                "digits of shape {}, expected [n, 28, 28]",
+                source.pixels.shape()
+            ),
+        });
+    }
+    let labels = source
+        .labels
+        .to_dtype(mirra_device::DType::I64)?
+        .to_vec::<i64>()?;
+    let area = CANVAS * CANVAS;
+    let (mut images, mut masks) = (vec![0u8; count * area], vec![0u8; count * area]);
+    for (i, (image, mask)) in images
+        .chunks_exact_mut(area)
+        .zip(masks.chunks_exact_mut(area))
+        .enumerate()
+    {
+        let mut rng = canvas_rng(seed, i as u64);
+        for _ in 0..rng.random_range(2..=4usize) {
+            let d = rng.random_range(0..n);
+            let (top, left) = (
+                rng.random_range(0..=CANVAS - DIGIT),
+                rng.random_range(0..=CANVAS - DIGIT),
+            );
+            let class = (labels[d] + 1) as u8;
+            let digit = &pixels[d * DIGIT * DIGIT..(d + 1) * DIGIT * DIGIT];
+            for (r, row) in digit.chunks_exact(DIGIT).enumerate() {
+                let at = (top + r) * CANVAS + left;
+                for (c, &p) in row.iter().enumerate() {
+                    image[at + c] = image[at + c].max(p);
+                    if p > 127 {
+                        mask[at + c] = class;
+                    }
+                }
+            }
+        }
+    }
+    Ok(Split {
+        pixels: Tensor::from_vec(images, &[count, CANVAS, CANVAS], Device::Cpu)?,
+        labels: Tensor::from_vec(masks, &[count, CANVAS, CANVAS], Device::Cpu)?,
+    })
+}
+
+/// The generator of canvas `index` (SplitMix64 of the seed and the index).
+fn canvas_rng(seed: u64, index: u64) -> Rng {
+    let mut z = seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5e6_0000;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    Rng::seed_from_u64(z ^ (z >> 31))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Four digits: a filled square of 200 (class 3), a thin bar of 100 (never above
+    /// 0.5), and so on, so that masks can be checked against the images.
+    fn source() -> Split {
+        let mut pixels = vec![0u8; 4 * DIGIT * DIGIT];
+        for (d, value) in [200u8, 100, 255, 130].into_iter().enumerate() {
+            for r in 4..24 {
+                for c in 8..20 {
+                    pixels[d * DIGIT * DIGIT + r * DIGIT + c] = value;
+                }
+            }
+        }
+        Split {
+            pixels: Tensor::from_vec(pixels, &[4, DIGIT, DIGIT], Device::Cpu).unwrap(),
+            labels: Tensor::from_vec(vec![2i64, 7, 0, 9], &[4], Device::Cpu).unwrap(),
+        }
+    }
+
+    #[test]
+    fn masks_label_bright_digit_pixels_and_canvases_are_reproducible() {
+        let a = digit_canvases(&source(), 50, 7).unwrap();
+        assert_eq!(a.pixels.dims(), [50, CANVAS, CANVAS]);
+        let (img, mask) = (
+            a.pixels.to_vec::<u8>().unwrap(),
+            a.labels.to_vec::<u8>().unwrap(),
+        );
+        // A labelled pixel is a bright one; a bright pixel is labelled; the bar (class 8,
+        // pixels of 100) is never labelled.
+        for (p, m) in img.iter().zip(&mask) {
+            assert_eq!(*m != 0, *p > 127, "pixel {p} mask {m}");
+            assert!([0, 3, 1, 10].contains(m), "class {m}");
+        }
+        // Of the four digits only the bar is dark, so nearly every canvas has a label.
+        let lit = mask
+            .chunks(CANVAS * CANVAS)
+            .filter(|c| c.iter().any(|&m| m != 0))
+            .count();
+        assert!(lit > 40, "{lit} of 50 canvases have a labelled digit");
+        let b = digit_canvases(&source(), 50, 7).unwrap();
+        assert_eq!(b.pixels.to_vec::<u8>().unwrap(), img);
+        assert_eq!(b.labels.to_vec::<u8>().unwrap(), mask);
+        let c = digit_canvases(&source(), 50, 8).unwrap();
+        assert_ne!(c.labels.to_vec::<u8>().unwrap(), mask);
+    }
+
+    #[test]
+    fn no_digits_or_wrong_shapes_are_errors() {
+        let empty = Split {
+            pixels: Tensor::from_vec(Vec::<u8>::new(), &[0, 28, 28], Device::Cpu).unwrap(),
+            labels: Tensor::from_vec(Vec::<i64>::new(), &[0], Device::Cpu).unwrap(),
+        };
+        assert!(digit_canvases(&empty, 3, 1).is_err());
+        let wrong = Split {
+            pixels: Tensor::from_vec(vec![0u8; 2 * 14 * 14], &[2, 14, 14], Device::Cpu).unwrap(),
+            labels: Tensor::from_vec(vec![1i64, 2], &[2], Device::Cpu).unwrap(),
+        };
+        let e = digit_canvases(&wrong, 3, 1).unwrap_err().to_string();
+        assert!(e.contains("expected [n, 28, 28]"), "{e}");
+    }
+}

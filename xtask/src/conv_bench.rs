@@ -1,0 +1,271 @@
+//! Convolution forward + backward GFLOP/s for the layer shapes of the CLI's models, mirra
+//! and PyTorch eager (oneDNN) in the same run, with the same threads (a section of
+//! `cargo xtask bench`).
+//!
+//! One step is what training does with a convolution: the forward pass, then the
+//! gradients of the input and of the kernel (the bias is left out: a sum, not a
+//! convolution). FLOPs counted: `3 · 2 · N · OH · OW · KH · KW · C_in · C_out`, the same
+//! count for both, whatever algorithm each uses.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use mirra::autograd::Tape;
+use mirra::tensor::init::{rng, Initializer};
+use mirra::tensor::{DType, Device, Padding, Window2d};
+use serde_json::{json, Value};
+
+use crate::json::{num, opt};
+use crate::timing::{measure, Plan};
+use crate::torch_train::run_script;
+
+/// One convolution: input `[batch, h, w, c_in]`, a `k x k` kernel, stride, padding.
+pub struct ConvShape {
+    pub name: &'static str,
+    pub batch: usize,
+    pub hw: usize,
+    pub c_in: usize,
+    pub c_out: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub same: bool,
+}
+
+/// The CNN's two convolutions and three of ResNet-20's, at batch 128.
+pub const SHAPES: [ConvShape; 5] = [
+    ConvShape {
+        name: "cnn conv1 28x28 1->32 3x3",
+        batch: 128,
+        hw: 28,
+        c_in: 1,
+        c_out: 32,
+        k: 3,
+        stride: 1,
+        same: false,
+    },
+    ConvShape {
+        name: "cnn conv2 13x13 32->64 3x3",
+        batch: 128,
+        hw: 13,
+        c_in: 32,
+        c_out: 64,
+        k: 3,
+        stride: 1,
+        same: false,
+    },
+    ConvShape {
+        name: "resnet20 28x28 16->16 3x3",
+        batch: 128,
+        hw: 28,
+        c_in: 16,
+        c_out: 16,
+        k: 3,
+        stride: 1,
+        same: true,
+    },
+    ConvShape {
+        name: "resnet20 14x14 32->32 3x3",
+        batch: 128,
+        hw: 14,
+        c_in: 32,
+        c_out: 32,
+        k: 3,
+        stride: 1,
+        same: true,
+    },
+    ConvShape {
+        name: "resnet20 7x7 64->64 3x3",
+        batch: 128,
+        hw: 7,
+        c_in: 64,
+        c_out: 64,
+        k: 3,
+        stride: 1,
+        same: true,
+    },
+];
+
+impl ConvShape {
+    fn window(&self) -> Result<Window2d, String> {
+        let padding = if self.same {
+            Padding::Same
+        } else {
+            Padding::Valid
+        };
+        Window2d::new(
+            [self.hw, self.hw],
+            [self.k, self.k],
+            [self.stride, self.stride],
+            [1, 1],
+            padding,
+        )
+    }
+
+    /// Floating-point operations of one forward + backward step.
+    fn flops(&self, window: &Window2d) -> f64 {
+        let [oh, ow] = window.output;
+        6.0 * (self.batch * oh * ow * self.k * self.k * self.c_in * self.c_out) as f64
+    }
+}
+
+/// Seconds of one forward + backward step of `shape` in mirra, as `Conv2D` computes it.
+fn mirra_step_seconds(shape: &ConvShape, plan: Plan) -> Result<(f64, f64), String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let window = shape.window()?;
+    let uniform = Initializer::Uniform {
+        low: -1.0,
+        high: 1.0,
+    };
+    let mut r = rng(1);
+    let x = uniform
+        .init(
+            &[shape.batch, shape.hw, shape.hw, shape.c_in],
+            DType::F32,
+            Device::Cpu,
+            &mut r,
+        )
+        .map_err(|e| err(&e))?;
+    let kernel = uniform
+        .init(
+            &[shape.k * shape.k * shape.c_in, shape.c_out],
+            DType::F32,
+            Device::Cpu,
+            &mut r,
+        )
+        .map_err(|e| err(&e))?;
+    let [oh, ow] = window.output;
+    let rows = shape.k * shape.k * shape.c_in;
+    let tape = Tape::new();
+    let step = || -> Result<(), String> {
+        let xv = tape.param(x.clone(), 0);
+        let kv = tape.param(kernel.clone(), 1);
+        let y = xv
+            .im2col(&window)
+            .and_then(|p| p.reshape(&[shape.batch * oh * ow, rows]))
+            .and_then(|p| p.matmul(&kv))
+            .and_then(|y| y.sum(&[], false))
+            .map_err(|e| err(&e))?;
+        let grads = tape.backward(&y).map_err(|e| err(&e))?;
+        drop(grads);
+        tape.clear();
+        Ok(())
+    };
+    let samples = measure(plan, step)?;
+    Ok((samples.median(), shape.flops(&window)))
+}
+
+const SCRIPT: &str = r#"
+import json, sys, time
+try:
+    import torch
+except Exception as e:
+    print(json.dumps({"error": "torch does not import: %s" % e}), flush=True)
+    sys.exit(0)
+threads, shapes = int(sys.argv[1]), json.loads(sys.argv[2])
+torch.set_num_threads(threads)
+out = []
+for s in shapes:
+    x = torch.rand(s["batch"], s["c_in"], s["hw"], s["hw"], requires_grad=True)
+    w = torch.rand(s["c_out"], s["c_in"], s["k"], s["k"], requires_grad=True)
+    pad = "same" if s["same"] else 0
+    def step():
+        y = torch.nn.functional.conv2d(x, w, stride=s["stride"], padding=pad)
+        y.sum().backward()
+        x.grad = None
+        w.grad = None
+    t0 = time.perf_counter()
+    n = 0
+    while n < 3 or time.perf_counter() - t0 < 0.5:
+        step(); n += 1
+    per = (time.perf_counter() - t0) / n
+    calls = max(1, int(0.3 / per))
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(calls):
+            step()
+        times.append((time.perf_counter() - t) / calls)
+    times.sort()
+    out.append(times[len(times) // 2])
+print(json.dumps({"torch_version": torch.__version__, "seconds": out}), flush=True)
+"#;
+
+/// The section: per shape, mirra's and PyTorch's GFLOP/s and their ratio.
+pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
+    mirra::tensor::set_num_threads(threads);
+    let plan = Plan {
+        warm_up: Duration::from_millis(if quick { 100 } else { 500 }),
+        repeats: if quick { 3 } else { 5 },
+        min_repeat: Duration::from_millis(if quick { 100 } else { 300 }),
+    };
+    let mut rows = Vec::new();
+    let mut ours = Vec::new();
+    for s in &SHAPES {
+        println!("conv: {} (mirra)", s.name);
+        ours.push(mirra_step_seconds(s, plan));
+    }
+    let torch = if no_torch {
+        Err("skipped (--no-torch)".to_string())
+    } else {
+        println!("conv: PyTorch");
+        let shapes: Vec<Value> = SHAPES
+            .iter()
+            .map(|s| {
+                json!({"batch": s.batch, "hw": s.hw, "c_in": s.c_in, "c_out": s.c_out,
+                       "k": s.k, "stride": s.stride, "same": s.same})
+            })
+            .collect();
+        let args: Vec<OsString> = vec![
+            threads.to_string().into(),
+            Value::Array(shapes).to_string().into(),
+        ];
+        run_script(SCRIPT, &args, Some(threads)).and_then(|v| match v["seconds"].as_array() {
+            Some(a) => Ok(a.iter().filter_map(Value::as_f64).collect::<Vec<f64>>()),
+            None => Err(v["error"].as_str().unwrap_or("no figures").to_string()),
+        })
+    };
+    for (i, (s, m)) in SHAPES.iter().zip(&ours).enumerate() {
+        let ours = m.as_ref().ok().map(|(t, f)| f / t / 1e9);
+        let theirs = match (&torch, m) {
+            (Ok(t), Ok((_, f))) => t.get(i).map(|t| f / t / 1e9),
+            _ => None,
+        };
+        rows.push(json!({
+            "shape": s.name,
+            "mirra_gflops": opt(ours, 1),
+            "torch_gflops": opt(theirs, 1),
+            "mirra_over_torch": opt(ours.zip(theirs).map(|(a, b)| a / b), 3),
+            "error": m.as_ref().err(),
+        }));
+    }
+    json!({
+        "what": "one convolution's forward pass and its input and kernel gradients, batch 128, \
+                 f32, GFLOP/s counted as 6 N OH OW KH KW Cin Cout for both",
+        "threads": threads,
+        "rows": rows,
+        "torch_unavailable": torch.err(),
+        "flops_per_step": SHAPES.iter().map(|s| s.window().map(|w| num(s.flops(&w), 0)).unwrap_or(Value::Null)).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints the section as a table.
+pub fn print(c: &Value) {
+    use crate::table::cell;
+    println!();
+    println!(
+        "{:<30} {:>10} {:>10} {:>8}",
+        "conv fwd+bwd (GFLOP/s)", "mirra", "PyTorch", "ours/pt"
+    );
+    for r in c["rows"].as_array().into_iter().flatten() {
+        println!(
+            "{:<30} {:>10} {:>10} {:>8}",
+            format!("  {}", r["shape"].as_str().unwrap_or("")),
+            cell(&r["mirra_gflops"], 1),
+            cell(&r["torch_gflops"], 1),
+            cell(&r["mirra_over_torch"], 2),
+        );
+    }
+    if let Some(why) = c["torch_unavailable"].as_str() {
+        println!("  torch unavailable: {why}");
+    }
+}
