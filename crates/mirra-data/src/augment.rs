@@ -12,7 +12,7 @@
 use rand::{RngExt as _, SeedableRng};
 
 use mirra_device::{Buffer, DType, Device};
-use mirra_tensor::init::Rng;
+use mirra_tensor::init::{mix, Rng};
 use mirra_tensor::Tensor;
 
 use crate::{DataError, Result};
@@ -51,10 +51,7 @@ impl Augment {
     /// The generator of example `index` in `epoch` (SplitMix64 of the three, so that close
     /// indices and epochs get unrelated streams).
     fn rng(&self, epoch: u64, index: u64) -> Rng {
-        let mut z = self.seed ^ epoch.rotate_left(29) ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Rng::seed_from_u64(z ^ (z >> 31))
+        Rng::seed_from_u64(mix(self.seed ^ epoch.rotate_left(29), index))
     }
 
     /// Augmented copies of `images` (`f32`, `[b, h, w]` or `[b, h, w, c]`, values in

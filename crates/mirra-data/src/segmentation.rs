@@ -9,7 +9,7 @@
 use rand::{RngExt as _, SeedableRng};
 
 use mirra_device::Device;
-use mirra_tensor::init::Rng;
+use mirra_tensor::init::{mix, Rng};
 use mirra_tensor::Tensor;
 
 use crate::{DataError, Result, Split};
@@ -82,10 +82,7 @@ pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> 
 
 /// The generator of canvas `index` (SplitMix64 of the seed and the index).
 fn canvas_rng(seed: u64, index: u64) -> Rng {
-    let mut z = seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5e6_0000;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    Rng::seed_from_u64(z ^ (z >> 31))
+    Rng::seed_from_u64(mix(seed ^ 0x5e6_0000, index))
 }
 
 #[cfg(test)]

@@ -46,6 +46,10 @@ pub struct Network {
     cross_replica: Option<Arc<dyn LinearMap>>,
 }
 
+/// New values of layers' state: each layer's range in [`Network::state`] and its values
+/// (empty: unchanged).
+type StateUpdates = Vec<(Range<usize>, Vec<Tensor>)>;
+
 /// Keras's name for a network of stacked layers: `Sequential::new(layers)`.
 pub type Sequential = Network;
 
@@ -443,7 +447,7 @@ impl Network {
     }
 
     /// Store the new state values layers gave (an empty list: unchanged).
-    fn apply(&mut self, updates: Vec<(Range<usize>, Vec<Tensor>)>) {
+    fn apply(&mut self, updates: StateUpdates) {
         for (range, values) in updates {
             if !values.is_empty() {
                 debug_assert_eq!(range.len(), values.len(), "a layer's whole state");
@@ -454,7 +458,6 @@ impl Network {
         }
     }
 
-    #[allow(clippy::type_complexity)]
     fn run<'t>(
         &self,
         tape: &'t Tape,
@@ -462,7 +465,7 @@ impl Network {
         training: bool,
         examples: Examples,
         track: bool,
-    ) -> Result<(ModelOutput<'t>, Vec<(Range<usize>, Vec<Tensor>)>)> {
+    ) -> Result<(ModelOutput<'t>, StateUpdates)> {
         if !self.built {
             return Err(NnError::NotBuilt);
         }
