@@ -29,12 +29,12 @@ use clap::Parser;
 use mirra::data::Mnist;
 use serde_json::{json, Map, Value};
 
-use crate::conv_bench;
 use crate::json::{at_least, num, opt, save};
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::table::{cell, mark};
 use crate::timing::{median, Plan};
 use crate::{bench_gpu, cli, compare, machine, mnist_train, rss, subnormal, torch_train, Failure};
+use crate::{conv_bench, resnet50_bench};
 
 /// Square matmul sizes.
 pub const SIZES: [usize; 3] = [256, 512, 1024];
@@ -92,6 +92,9 @@ struct Args {
     /// Skip the convolution GFLOP/s (and PyTorch's).
     #[arg(long)]
     no_conv: bool,
+    /// Skip the ResNet-50 throughput on synthetic batches (and PyTorch's).
+    #[arg(long)]
+    no_resnet50: bool,
     /// Skip PyTorch in the MLP comparison.
     #[arg(long)]
     no_torch: bool,
@@ -237,6 +240,17 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             },
         );
     }
+
+    put(
+        "resnet50",
+        if a.no_resnet50 {
+            json!({ "unavailable": "skipped (--no-resnet50)" })
+        } else {
+            // A step of batch 16 takes seconds on two cores: a few steps tell the rate.
+            let (batch, steps) = if quick { (4, 1) } else { (16, 3) };
+            resnet50_bench::section(threads, batch, steps, a.no_torch)
+        },
+    );
 
     put(
         "subnormal",
@@ -689,6 +703,9 @@ pub fn print_table(r: &Value) {
     }
     if r["conv"]["rows"].is_array() {
         conv_bench::print(&r["conv"]);
+    }
+    if r["resnet50"]["batch"].is_number() {
+        resnet50_bench::print(&r["resnet50"]);
     }
     for conv in &CONV_MODELS {
         let c = &r[conv.name];

@@ -386,8 +386,13 @@ fn mlp_section(rt: &Arc<Runtime>, device: Device, epochs: usize, torch: Option<&
             rt.empty_cache().map_err(err)?;
             rt.reset_peak_memory();
             model.to_device(device).map_err(err)?;
-            let data = mirra::recipe::train_pipeline(&mnist.train, batch, mnist_train::SEED)
-                .map_err(err)?;
+            let data = mirra::recipe::train_pipeline(
+                &mnist.train,
+                mirra::recipe::Examples::InMemory,
+                batch,
+                mnist_train::SEED,
+            )
+            .map_err(err)?;
             let e = mnist_train::train_epochs(&mut model, &data, epochs, 1)?;
             rt.synchronize().map_err(err)?;
             let m = rt.memory_stats();

@@ -22,6 +22,10 @@
 //! one device without a strategy, with all cores (`baseline`). Peak RSS of `mirra train
 //! --replicas 4` comes from a real run of the CLI. Results go to a table and
 //! `target/bench/mirrored.json`.
+//!
+//! `--model resnet20` measures ResNet-20 instead (0.27M parameters in 65 tensors, so its
+//! gradients fill several buckets of a small `--bucket-mb` and backward can hide their
+//! all-reduce); `--bucket-mb 25,0.25` compares bucket sizes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,7 +34,7 @@ use std::time::Instant;
 use clap::Parser;
 use mirra::collectives::{BACKENDS, NOOP};
 use mirra::data::Mnist;
-use mirra::strategy::{MirroredStrategy, StrategyConfig};
+use mirra::strategy::{MirroredStrategy, StrategyConfig, DEFAULT_BUCKET_BYTES};
 use mirra::tensor::set_num_threads;
 use mirra::train::CommStats;
 use serde_json::{json, Value};
@@ -81,9 +85,22 @@ struct Args {
     /// Skip the peak-RSS run of `mirra train --replicas 4`.
     #[arg(long)]
     no_rss: bool,
+    /// The model, as `mirra train --model` names it: mlp, cnn or resnet20.
+    #[arg(long, default_value = "mlp", value_parser = ["mlp", "cnn", "resnet20"])]
+    model: String,
+    /// Gradient bucket sizes in MiB to compare (default: the strategy's, 25).
+    #[arg(long, value_delimiter = ',', value_parser = bucket_mb)]
+    bucket_mb: Vec<f64>,
     /// Where to write the JSON (default: target/bench/mirrored.json).
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+fn bucket_mb(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(mb) if mb.is_finite() && mb > 0.0 => Ok(mb),
+        _ => Err(format!("`{s}` is not a positive number of MiB")),
+    }
 }
 
 fn backend(name: &str) -> Result<String, String> {
@@ -98,6 +115,7 @@ fn backend(name: &str) -> Result<String, String> {
 struct Row {
     replicas: usize,
     collective: String,
+    bucket_mb: f64,
     global_batch: usize,
     samples_per_sec: f64,
     stats: CommStats,
@@ -122,17 +140,23 @@ impl Row {
     }
 }
 
-/// Samples/s of the MLP trained on `mnist` at `global_batch` over `epochs` epochs (the
+/// Samples/s of `model` trained on `mnist` at `global_batch` over `epochs` epochs (the
 /// first a warm-up), and where the timed epochs' distributed steps spent their time.
 fn throughput(
+    model: &str,
     strategy: Option<Arc<MirroredStrategy>>,
     global_batch: usize,
     mnist: &Mnist,
     epochs: usize,
 ) -> Result<(f64, CommStats), String> {
-    let mut model = mnist_train::compile(strategy)?;
-    let data = mirra::recipe::train_pipeline(&mnist.train, global_batch, mnist_train::SEED)
-        .map_err(|e| e.to_string())?;
+    let mut model = mnist_train::compile_model(model, strategy)?;
+    let data = mirra::recipe::train_pipeline(
+        &mnist.train,
+        mirra::recipe::Examples::InMemory,
+        global_batch,
+        mnist_train::SEED,
+    )
+    .map_err(|e| e.to_string())?;
     mnist_train::run_epoch(&mut model, &data, 0)?;
     // The statistics of the timed epochs only.
     let _ = model.comm_stats();
@@ -146,8 +170,14 @@ fn throughput(
     Ok((samples as f64 / seconds, stats))
 }
 
-fn strategy(replicas: usize, collective: &str) -> Result<Arc<MirroredStrategy>, Failure> {
-    let config = StrategyConfig::cpu(replicas).with_collective(collective);
+fn strategy(
+    replicas: usize,
+    collective: &str,
+    bucket_mb: f64,
+) -> Result<Arc<MirroredStrategy>, Failure> {
+    let config = StrategyConfig::cpu(replicas)
+        .with_collective(collective)
+        .with_bucket_bytes(((bucket_mb * (1 << 20) as f64) as usize).max(1));
     MirroredStrategy::new(config)
         .map(Arc::new)
         .map_err(|e| Failure::run(format!("xtask bench-mirrored: {e}")))
@@ -175,16 +205,24 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     .map_err(|e| Failure::run(format!("xtask bench-mirrored: {e}")))?;
     let before = machine::CpuSnapshot::now();
     set_num_threads(cores);
-    let (baseline, _) = throughput(None, GLOBAL_BATCH, &mnist, epochs).map_err(Failure::run)?;
+    let buckets: Vec<f64> = if a.bucket_mb.is_empty() {
+        vec![DEFAULT_BUCKET_BYTES as f64 / (1 << 20) as f64]
+    } else {
+        a.bucket_mb.clone()
+    };
+    let (baseline, _) =
+        throughput(&a.model, None, GLOBAL_BATCH, &mnist, epochs).map_err(Failure::run)?;
     println!(
-        "# mirra mirrored-strategy benchmark: MNIST MLP on {} examples, {cores} cores; baseline \
+        "# mirra mirrored-strategy benchmark: MNIST {} on {} examples, {cores} cores; baseline \
          (one device, no strategy, {cores} threads) at batch {GLOBAL_BATCH}: {baseline:.0} samples/s",
+        a.model,
         mnist.train.len()
     );
     println!(
-        "# {:>8} {:>14} {:>7} {:>11} {:>10} {:>8} {:>9} {:>10}  overlap",
+        "# {:>8} {:>14} {:>7} {:>7} {:>11} {:>10} {:>8} {:>9} {:>10}  overlap",
         "replicas",
         "collective",
+        "bucket",
         "batch",
         "samples/s",
         "x baseline",
@@ -201,24 +239,28 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         // The same step without communication, once per replica count and batch.
         let mut noop = vec![None; batches.len()];
         if !a.no_noop && replicas > 1 {
-            let s = strategy(replicas, NOOP)?;
+            let s = strategy(replicas, NOOP, buckets[0])?;
             for (i, &b) in batches.iter().enumerate() {
                 noop[i] = Some(
-                    throughput(Some(Arc::clone(&s)), b, &mnist, epochs)
+                    throughput(&a.model, Some(Arc::clone(&s)), b, &mnist, epochs)
                         .map_err(Failure::run)?
                         .0,
                 );
             }
         }
-        for backend in &backends {
-            let s = strategy(replicas, backend)?;
+        for (backend, &bucket) in backends
+            .iter()
+            .flat_map(|b| buckets.iter().map(move |m| (b, m)))
+        {
+            let s = strategy(replicas, backend, bucket)?;
             for (i, &global_batch) in batches.iter().enumerate() {
                 let (samples_per_sec, stats) =
-                    throughput(Some(Arc::clone(&s)), global_batch, &mnist, epochs)
+                    throughput(&a.model, Some(Arc::clone(&s)), global_batch, &mnist, epochs)
                         .map_err(Failure::run)?;
                 let row = Row {
                     replicas,
                     collective: backend.clone(),
+                    bucket_mb: bucket,
                     global_batch,
                     samples_per_sec,
                     stats,
@@ -227,7 +269,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                 let pct =
                     |x: Option<f64>| x.map_or_else(|| "-".into(), |x| format!("{:.1}%", 100.0 * x));
                 println!(
-                    "  {replicas:>8} {backend:>14} {global_batch:>7} {samples_per_sec:>11.0} {:>10.3} {:>8} {:>9} {:>10}  {}",
+                    "  {replicas:>8} {backend:>14} {bucket:>7} {global_batch:>7} {samples_per_sec:>11.0} {:>10.3} {:>8} {:>9} {:>10}  {}",
                     samples_per_sec / baseline,
                     pct(Some(stats.exposed_fraction())),
                     pct(Some(stats.imbalance_fraction())),
@@ -311,13 +353,14 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     let report = json!({
         "machine": machine::facts(),
         "quick": a.quick,
-        "model": "mnist-mlp",
+        "model": format!("mnist-{}", a.model),
         "train_examples": mnist.train.len(),
         "epochs": epochs,
         "baseline_samples_per_sec": num(baseline, 1),
         "rows": rows.iter().map(|r| json!({
             "replicas": r.replicas,
             "collective": r.collective,
+            "bucket_mb": r.bucket_mb,
             "global_batch": r.global_batch,
             "samples_per_sec": num(r.samples_per_sec, 1),
             "exposed_comm_fraction": num(r.stats.exposed_fraction(), 4),
@@ -367,6 +410,7 @@ mod tests {
         let row = |buckets, noop| Row {
             replicas: 2,
             collective: "ring".into(),
+            bucket_mb: 25.0,
             global_batch: 256,
             samples_per_sec: 90.0,
             stats: CommStats {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use mirra::autograd::Tape;
 use mirra::tensor::init::{rng, Initializer};
-use mirra::tensor::{DType, Device, Padding, Window2d};
+use mirra::tensor::{DType, Device, Padding, Window};
 use serde_json::{json, Value};
 
 use crate::json::{num, opt};
@@ -86,25 +86,24 @@ pub const SHAPES: [ConvShape; 5] = [
 ];
 
 impl ConvShape {
-    fn window(&self) -> Result<Window2d, String> {
+    fn window(&self) -> Result<Window, String> {
         let padding = if self.same {
             Padding::Same
         } else {
             Padding::Valid
         };
-        Window2d::new(
-            [self.hw, self.hw],
-            [self.k, self.k],
-            [self.stride, self.stride],
-            [1, 1],
+        Window::new(
+            &[self.hw, self.hw],
+            &[self.k, self.k],
+            &[self.stride, self.stride],
+            &[1, 1],
             padding,
         )
     }
 
     /// Floating-point operations of one forward + backward step.
-    fn flops(&self, window: &Window2d) -> f64 {
-        let [oh, ow] = window.output;
-        6.0 * (self.batch * oh * ow * self.k * self.k * self.c_in * self.c_out) as f64
+    fn flops(&self, window: &Window) -> f64 {
+        6.0 * (self.batch * window.positions() * self.k * self.k * self.c_in * self.c_out) as f64
     }
 }
 
@@ -133,7 +132,7 @@ fn mirra_step_seconds(shape: &ConvShape, plan: Plan) -> Result<(f64, f64), Strin
             &mut r,
         )
         .map_err(|e| err(&e))?;
-    let [oh, ow] = window.output;
+    let positions = window.positions();
     let rows = shape.k * shape.k * shape.c_in;
     let tape = Tape::new();
     let step = || -> Result<(), String> {
@@ -141,7 +140,7 @@ fn mirra_step_seconds(shape: &ConvShape, plan: Plan) -> Result<(f64, f64), Strin
         let kv = tape.param(kernel.clone(), 1);
         let y = xv
             .im2col(&window)
-            .and_then(|p| p.reshape(&[shape.batch * oh * ow, rows]))
+            .and_then(|p| p.reshape(&[shape.batch * positions, rows]))
             .and_then(|p| p.matmul(&kv))
             .and_then(|y| y.sum(&[], false))
             .map_err(|e| err(&e))?;

@@ -28,6 +28,7 @@ mod numpy;
 mod paths;
 mod ranks;
 mod report;
+mod resnet50_bench;
 mod rss;
 mod scaling;
 mod scaling_measured;

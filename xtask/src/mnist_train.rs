@@ -134,7 +134,8 @@ pub fn measure_model(
     set_num_threads(threads);
     let mut model = compile_model(name, None)?;
     let data =
-        mirra::recipe::train_pipeline(&mnist.train, batch, SEED).map_err(|e| e.to_string())?;
+        mirra::recipe::train_pipeline(&mnist.train, mirra::recipe::Examples::InMemory, batch, SEED)
+            .map_err(|e| e.to_string())?;
     train_epochs(&mut model, &data, epochs, 1)
 }
 

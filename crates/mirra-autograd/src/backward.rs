@@ -111,7 +111,7 @@ pub(crate) fn input_grads(
             map.adjoint(&g)
                 .map_err(|message| AutogradError::Map { message })
         })?,
-        Op::MaxPool2d { argmax } => to(ia, &|| {
+        Op::MaxPool { argmax } => to(ia, &|| {
             // Each output's gradient to its winning input element.
             let (m, total) = (argmax.elem_count(), dims(ia).iter().product::<usize>());
             let flat = g.reshape(&[m])?;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mirra_tensor::{Shape, Tensor, UnaryOp, Window2d};
+use mirra_tensor::{Shape, Tensor, UnaryOp, Window};
 
 use crate::LinearMap;
 
@@ -93,13 +93,13 @@ pub(crate) enum Op {
     MaskMul {
         mask: Tensor,
     },
-    /// The largest tap of each 2D window; `argmax` holds each output's flat input index.
-    MaxPool2d {
+    /// The largest tap of each window; `argmax` holds each output's flat input index.
+    MaxPool {
         argmax: Tensor,
     },
-    /// The patches of a 2D window over a `[n, h, w, c]` input (convolution, pooling).
+    /// The patches of a window over a channels-last input (convolution, pooling).
     Im2Col {
-        window: Window2d,
+        window: Window,
         channels: usize,
     },
     /// A caller's linear map (a sum across replicas); the gradient is its adjoint.

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp, Window2d};
+use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp, Window};
 
 use crate::op::{Op, NONE};
 use crate::tape::Gradients;
@@ -280,9 +280,9 @@ impl<'t> Var<'t> {
         }))
     }
 
-    /// The patches of `window` over this `[n, h, w, c]` value ([`Tensor::im2col`]); the
+    /// The patches of `window` over this channels-last `[n, d1, .., dk, c]` value ([`Tensor::im2col`]); the
     /// gradient sums them back ([`Tensor::col2im`]).
-    pub fn im2col(&self, window: &Window2d) -> Result<Var<'t>> {
+    pub fn im2col(&self, window: &Window) -> Result<Var<'t>> {
         let value = self.value.im2col(window)?;
         let channels = self.value.dims().last().copied().unwrap_or(0);
         Ok(self.from1(value, || Op::Im2Col {
@@ -291,11 +291,11 @@ impl<'t> Var<'t> {
         }))
     }
 
-    /// The largest tap of each `window` over this `[n, h, w, c]` value, per channel
-    /// ([`Tensor::max_pool2d`]); the gradient goes to each window's winner.
-    pub fn max_pool2d(&self, window: &Window2d) -> Result<Var<'t>> {
-        let (value, argmax) = self.value.max_pool2d(window)?;
-        Ok(self.from1(value, || Op::MaxPool2d { argmax }))
+    /// The largest tap of each `window` over this channels-last `[n, d1, .., dk, c]` value, per channel
+    /// ([`Tensor::max_pool`]); the gradient goes to each window's winner.
+    pub fn max_pool(&self, window: &Window) -> Result<Var<'t>> {
+        let (value, argmax) = self.value.max_pool(window)?;
+        Ok(self.from1(value, || Op::MaxPool { argmax }))
     }
 
     /// A caller's linear map of this value (a sum across replicas): the value is

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 
 use mirra_autograd::{LinearMap, Tape, Var};
-use mirra_tensor::{DType, Device, Padding, Tensor, UnaryOp, Window2d};
+use mirra_tensor::{DType, Device, Padding, Tensor, UnaryOp, Window};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
@@ -605,27 +605,29 @@ proptest! {
     }
 
     #[test]
-    fn conv2d_with_bias(
+    fn conv_with_bias(
         (x, win) in window_operands(Vals::Uniform(-2.0, 2.0)),
         filters in 1usize..=3,
         seed: u64,
     ) {
-        // A Conv2D layer as the layers build it: patches, a matrix product with the kernel
-        // reshaped to [kh * kw * c, f], back to [n, oh, ow, f], plus a bias.
-        let c = x.dims[3];
-        let rows = win.taps() * c;
-        let kernel = Arr {
-            dims: vec![win.kernel[0], win.kernel[1], c, filters],
-            data: weights(seed ^ 1, rows * filters),
-        };
-        let bias = Arr { dims: vec![filters], data: weights(seed ^ 2, filters) };
-        let [oh, ow] = win.output;
+        // A Conv1D/2D/3D layer as the layers build it: patches, a matrix product with the
+        // kernel reshaped to [taps * c, f], back to [n, o1, .., ok, f], plus a bias.
         let n = x.dims[0];
+        let c = x.dims[x.dims.len() - 1];
+        let rows = win.taps() * c;
+        let mut kernel_dims = win.kernel().to_vec();
+        kernel_dims.extend([c, filters]);
+        let kernel = Arr { dims: kernel_dims, data: weights(seed ^ 1, rows * filters) };
+        let bias = Arr { dims: vec![filters], data: weights(seed ^ 2, filters) };
+        let mut out = vec![n];
+        out.extend(win.output());
+        out.push(filters);
+        let positions = win.positions();
         check(seed, &[x, kernel, bias], |v| {
             v[0].im2col(&win)?
-                .reshape(&[n * oh * ow, rows])?
+                .reshape(&[n * positions, rows])?
                 .matmul(&v[1].reshape(&[rows, filters])?)?
-                .reshape(&[n, oh, ow, filters])?
+                .reshape(&out)?
                 .add(&v[2])
         })?;
     }
@@ -643,39 +645,51 @@ proptest! {
 
     #[test]
     fn max_pool((x, win) in window_operands(Vals::Distinct), seed: u64) {
-        // MaxPooling2D two ways: the largest of the patches (valid windows: no padded zero
+        // Max pooling two ways: the largest of the patches (valid windows: no padded zero
         // can win), and the pooling op with its winners' indices (any window).
-        let (n, c) = (x.dims[0], x.dims[3]);
-        check(seed, std::slice::from_ref(&x), |v| v[0].max_pool2d(&win))?;
-        let win = Window2d::new(win.input, win.kernel, win.stride, [1, 1], Padding::Valid);
+        let (n, c) = (x.dims[0], x.dims[x.dims.len() - 1]);
+        check(seed, std::slice::from_ref(&x), |v| v[0].max_pool(&win))?;
+        let rank = win.rank();
+        let win = Window::new(win.input(), win.kernel(), win.stride(), &vec![1; rank], Padding::Valid);
         prop_assume!(win.is_ok());
         let win = win.unwrap();
-        let [oh, ow] = win.output;
+        let mut taps = vec![n];
+        taps.extend(win.output());
+        taps.extend([win.taps(), c]);
         check(seed, &[x], |v| {
             v[0].im2col(&win)?
-                .reshape(&[n, oh, ow, win.taps(), c])?
-                .max(&[3], false)
+                .reshape(&taps)?
+                .max(&[rank as isize + 1], false)
         })?;
     }
 }
 
-/// An `[n, h, w, c]` input and a window over it: kernel 1 to 3, stride and dilation 1 or 2,
-/// `same` or `valid` padding (redrawn where a `valid` window does not fit).
-fn window_operands(vals: Vals) -> impl Strategy<Value = (Arr, Window2d)> {
-    (
-        1usize..=2,
-        2usize..=6,
-        2usize..=6,
-        1usize..=3,
-        1usize..=3,
-        1usize..=2,
-        1usize..=2,
-        any::<bool>(),
-    )
-        .prop_filter_map("the window fits", |(n, h, w, c, k, s, d, same)| {
+/// An `[n, d1, .., dk, c]` input (1 to 3 spatial dimensions) and a window over it: kernel
+/// 1 to 3, stride and dilation 1 or 2, `same` or `valid` padding (redrawn where a `valid`
+/// window does not fit).
+fn window_operands(vals: Vals) -> impl Strategy<Value = (Arr, Window)> {
+    (1usize..=3)
+        .prop_flat_map(|rank| {
+            // Fewer, smaller sizes in 3D keep the finite differences quick.
+            let most = if rank == 3 { 4 } else { 6 };
+            (
+                1usize..=2,
+                vec(2usize..=most, rank),
+                1usize..=3,
+                vec((1usize..=3, 1usize..=2, 1usize..=2), rank),
+                any::<bool>(),
+            )
+        })
+        .prop_filter_map("the window fits", |(n, spatial, c, ksd, same)| {
             let padding = if same { Padding::Same } else { Padding::Valid };
-            let win = Window2d::new([h, w], [k, k], [s, s], [d, d], padding).ok()?;
-            Some((vec![n, h, w, c], win))
+            let k: Vec<usize> = ksd.iter().map(|t| t.0).collect();
+            let s: Vec<usize> = ksd.iter().map(|t| t.1).collect();
+            let d: Vec<usize> = ksd.iter().map(|t| t.2).collect();
+            let win = Window::new(&spatial, &k, &s, &d, padding).ok()?;
+            let mut dims = vec![n];
+            dims.extend(spatial);
+            dims.push(c);
+            Some((dims, win))
         })
         .prop_flat_map(move |(dims, win)| (arr(Just(dims), vals), Just(win)))
 }

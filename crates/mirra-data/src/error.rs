@@ -197,6 +197,15 @@ pub enum DataError {
         /// The panic message.
         msg: String,
     },
+    /// A file whose contents are not what its format says (a `.npy` header, a `.npz`
+    /// archive, an image), or a folder laid out otherwise than expected.
+    #[error("{}: {msg}", path.display())]
+    Format {
+        /// The file or folder.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
     /// An error from a tensor operation (boxed: tensor errors are large, and every
     /// `Result` of this crate would carry their size).
     #[error(transparent)]

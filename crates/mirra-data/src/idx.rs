@@ -459,11 +459,11 @@ mod tests {
             .starts_with("FILE: unsupported IDX element type 0x0a"));
         assert_eq!(
             err(&idx_bytes(0x08, &[], &[0])),
-            "FILE: IDX rank 0, expected 1 to 6"
+            "FILE: IDX rank 0, expected 1 to 8"
         );
         assert_eq!(
-            err(&idx_bytes(0x08, &[1; 7], &[0])),
-            "FILE: IDX rank 7, expected 1 to 6"
+            err(&idx_bytes(0x08, &[1; 9], &[0])),
+            "FILE: IDX rank 9, expected 1 to 8"
         );
     }
 

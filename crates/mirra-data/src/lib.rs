@@ -18,19 +18,25 @@
 //!
 //! [`Tensor`]: mirra_tensor::Tensor
 
+mod arrays;
 mod augment;
 mod dataset;
 mod error;
 mod idx;
+mod image_folder;
 mod mnist;
 mod segmentation;
+mod synthetic;
 
+pub use arrays::{load_arrays, read_npy, read_npy_bytes, read_npz};
 pub use augment::Augment;
 pub use dataset::{Dataset, DatasetIter};
 pub use error::DataError;
 pub use idx::{read_idx, read_idx_bytes, MAX_DEFLATE_RATIO};
+pub use image_folder::ImageFolder;
 pub use mnist::{bundled_files, pixels_to_unit_f32, Mnist, MnistSource, Split};
-pub use segmentation::{digit_canvases, CANVAS, CLASSES};
+pub use segmentation::{digit_canvases, digit_volumes, CANVAS, CLASSES, VOLUME_DEPTH};
+pub use synthetic::synthetic_images;
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, DataError>;

@@ -2,9 +2,11 @@
 //! (issue 16): 2 to 4 digits pasted at random places on a 56x56 canvas, each pixel of a
 //! digit above 0.5 labelled with that digit's class (`1 + digit`; 0 is the background),
 //! a later digit's pixels winning where two overlap (in the image, the brighter pixel).
-//! Canvases are drawn from a seed and their index alone, so a data set is the same on
-//! every run, replica count and machine; training canvases take training digits and
-//! validation canvases test digits.
+//! For the 3D U-Net, volumes of [`VOLUME_DEPTH`] such slices: each digit extruded through
+//! a random run of 8 to 24 consecutive slices.
+//! Canvases and volumes are drawn from a seed and their index alone, so a data set is the
+//! same on every run, replica count and machine; training sets take training digits and
+//! validation sets test digits.
 
 use rand::{RngExt as _, SeedableRng};
 
@@ -18,6 +20,8 @@ use crate::{DataError, Result, Split};
 pub const CANVAS: usize = 56;
 /// Classes of a pixel: the background and ten digits.
 pub const CLASSES: usize = 11;
+/// Slices of a volume ([`digit_volumes`]).
+pub const VOLUME_DEPTH: usize = 32;
 /// A digit's side.
 const DIGIT: usize = 28;
 
@@ -25,10 +29,24 @@ const DIGIT: usize = 28;
 /// `[n]`): a [`Split`] of `u8` images `[count, 56, 56]` and `u8` masks `[count, 56, 56]`
 /// (class ids in `0..11`), canvas `i` drawn from `seed` and `i`.
 pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> {
+    draw("digit_canvases", source, count, seed, 1)
+}
+
+/// `count` volumes from the digits of `source`: `u8` images and masks `[count, 32, 56,
+/// 56]`, each digit extruded through 8 to 24 consecutive slices (where two overlap, the
+/// later digit's label wins and the brighter pixel shows), volume `i` drawn from `seed`
+/// and `i`.
+pub fn digit_volumes(source: &Split, count: usize, seed: u64) -> Result<Split> {
+    draw("digit_volumes", source, count, seed, VOLUME_DEPTH)
+}
+
+/// `count` images of `depth` slices of 56x56 (one slice: canvases, drawn as they always
+/// were; more: each digit through a random run of slices).
+fn draw(op: &'static str, source: &Split, count: usize, seed: u64, depth: usize) -> Result<Split> {
     let n = source.len();
     if n == 0 {
         return Err(DataError::Incompatible {
-            op: "digit_canvases",
+            op,
             msg: "no digits to draw canvases from".into(),
         });
     }
@@ -36,7 +54,7 @@ pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> 
     let pixels = pixels.as_slice::<u8>()?;
     if pixels.len() != n * DIGIT * DIGIT {
         return Err(DataError::Incompatible {
-            op: "digit_canvases",
+            op,
             msg: format!(
                 "digits of shape {}, expected [n, 28, 28]",
                 source.pixels.shape()
@@ -48,10 +66,11 @@ pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> 
         .to_dtype(mirra_device::DType::I64)?
         .to_vec::<i64>()?;
     let area = CANVAS * CANVAS;
-    let (mut images, mut masks) = (vec![0u8; count * area], vec![0u8; count * area]);
+    let size = depth * area;
+    let (mut images, mut masks) = (vec![0u8; count * size], vec![0u8; count * size]);
     for (i, (image, mask)) in images
-        .chunks_exact_mut(area)
-        .zip(masks.chunks_exact_mut(area))
+        .chunks_exact_mut(size)
+        .zip(masks.chunks_exact_mut(size))
         .enumerate()
     {
         let mut rng = canvas_rng(seed, i as u64);
@@ -61,22 +80,36 @@ pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> 
                 rng.random_range(0..=CANVAS - DIGIT),
                 rng.random_range(0..=CANVAS - DIGIT),
             );
+            let slices = if depth == 1 {
+                0..1
+            } else {
+                let run = rng.random_range(depth / 4..=depth * 3 / 4);
+                let first = rng.random_range(0..=depth - run);
+                first..first + run
+            };
             let class = (labels[d] + 1) as u8;
             let digit = &pixels[d * DIGIT * DIGIT..(d + 1) * DIGIT * DIGIT];
-            for (r, row) in digit.chunks_exact(DIGIT).enumerate() {
-                let at = (top + r) * CANVAS + left;
-                for (c, &p) in row.iter().enumerate() {
-                    image[at + c] = image[at + c].max(p);
-                    if p > 127 {
-                        mask[at + c] = class;
+            for z in slices {
+                for (r, row) in digit.chunks_exact(DIGIT).enumerate() {
+                    let at = z * area + (top + r) * CANVAS + left;
+                    for (c, &p) in row.iter().enumerate() {
+                        image[at + c] = image[at + c].max(p);
+                        if p > 127 {
+                            mask[at + c] = class;
+                        }
                     }
                 }
             }
         }
     }
+    let dims: &[usize] = if depth == 1 {
+        &[count, CANVAS, CANVAS]
+    } else {
+        &[count, depth, CANVAS, CANVAS]
+    };
     Ok(Split {
-        pixels: Tensor::from_vec(images, &[count, CANVAS, CANVAS], Device::Cpu)?,
-        labels: Tensor::from_vec(masks, &[count, CANVAS, CANVAS], Device::Cpu)?,
+        pixels: Tensor::from_vec(images, dims, Device::Cpu)?,
+        labels: Tensor::from_vec(masks, dims, Device::Cpu)?,
     })
 }
 
@@ -131,6 +164,40 @@ mod tests {
         assert_eq!(b.labels.to_vec::<u8>().unwrap(), mask);
         let c = digit_canvases(&source(), 50, 8).unwrap();
         assert_ne!(c.labels.to_vec::<u8>().unwrap(), mask);
+    }
+
+    #[test]
+    fn volumes_extrude_each_digit_through_a_run_of_slices() {
+        let v = digit_volumes(&source(), 20, 3).unwrap();
+        assert_eq!(v.pixels.dims(), [20, VOLUME_DEPTH, CANVAS, CANVAS]);
+        let (img, mask) = (
+            v.pixels.to_vec::<u8>().unwrap(),
+            v.labels.to_vec::<u8>().unwrap(),
+        );
+        let area = CANVAS * CANVAS;
+        for (p, m) in img.iter().zip(&mask) {
+            assert_eq!(*m != 0, *p > 127, "voxel {p} mask {m}");
+        }
+        // Each digit reaches 8 to 24 slices: a lit volume has at least 8 lit slices, and
+        // some volumes leave slices dark (the runs are not the whole depth).
+        let mut partly = 0;
+        for volume in mask.chunks(VOLUME_DEPTH * area) {
+            let lit = volume
+                .chunks(area)
+                .filter(|s| s.iter().any(|&m| m != 0))
+                .count();
+            assert!(lit == 0 || lit >= VOLUME_DEPTH / 4, "{lit} lit slices");
+            partly += usize::from(lit > 0 && lit < VOLUME_DEPTH);
+        }
+        assert!(partly > 5, "{partly} of 20 volumes partly lit");
+        assert_eq!(
+            digit_volumes(&source(), 20, 3)
+                .unwrap()
+                .labels
+                .to_vec::<u8>()
+                .unwrap(),
+            mask
+        );
     }
 
     #[test]

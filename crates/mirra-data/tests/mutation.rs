@@ -13,7 +13,7 @@ use std::path::Path;
 use flate2::read::MultiGzDecoder;
 use mirra_data::{read_idx, DataError, MAX_DEFLATE_RATIO};
 use mirra_mutation::{cases_from_env, check_reader, Config, CountingAlloc, Expectation};
-use mirra_tensor::{DType, Device, Tensor};
+use mirra_tensor::{DType, Device, Tensor, MAX_RANK};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -103,14 +103,14 @@ fn expect(bytes: &[u8]) -> Expectation<Idx> {
         return none;
     };
     let header = 4 + 4 * rank;
-    if !(1..=6).contains(&rank) || data.len() < header {
+    if !(1..=MAX_RANK).contains(&rank) || data.len() < header {
         return none;
     }
     let dims: Vec<usize> = data[4..header]
         .chunks(4)
         .map(|c| u32::from_be_bytes(c.try_into().unwrap()) as usize)
         .collect();
-    // Six dimensions of up to 2^32 overflow even a u128: such a header cannot be held by
+    // Eight dimensions of up to 2^32 overflow even a u128: such a header cannot be held by
     // any file, so it must be refused (a mutation found it: a plain product panicked).
     let Some(elems) = dims
         .iter()

@@ -11,10 +11,14 @@
 //! - [`check_reader`] runs the cases against a reader and an oracle (an [`Expectation`]
 //!   per damaged file); [`cases_from_env`] reads `MIRRA_MUTATION_CASES`.
 //!
-//! The layers: `alloc` and `mutate` know nothing of each other; `check` uses both.
+//! - [`fixtures`]: files as their formats' writers lay them out (`.npy`).
+//!
+//! The layers: `alloc` and `mutate` know nothing of each other; `check` uses both;
+//! `fixtures` stands alone.
 
 mod alloc;
 mod check;
+pub mod fixtures;
 mod mutate;
 
 pub use alloc::{peak_during, CountingAlloc};

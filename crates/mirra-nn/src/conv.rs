@@ -1,4 +1,5 @@
-//! Convolution layers, channels-last as Keras's: `Conv2D`.
+//! Convolution layers, channels-last as Keras's: `Conv1D`, `Conv2D` and `Conv3D`, one
+//! generic [`Conv`] over the number of spatial dimensions.
 //!
 //! A convolution is the patches of its window (`im2col`, whose gradient is `col2im`) times
 //! the kernel reshaped to a matrix: one matrix product through the gemm path, and every
@@ -6,49 +7,69 @@
 
 use mirra_autograd::Var;
 use mirra_tensor::init::Initializer;
-use mirra_tensor::{Padding, Window2d};
+use mirra_tensor::{Padding, Window};
 
 use crate::{Activation, ForwardCtx, Layer, NnError, ParamSpec, Result};
 
-/// `[h, w, c]` of a layer input without its batch dimension, or the error naming the layer.
-pub(crate) fn hwc(layer: &str, input: &[usize]) -> Result<[usize; 3]> {
-    match input {
-        &[h, w, c] => Ok([h, w, c]),
-        other => Err(NnError::Config {
-            layer: layer.into(),
-            msg: format!(
-                "needs inputs [height, width, channels] (channels last), got {other:?} \
-                 (add a Reshape layer before it)"
-            ),
-        }),
-    }
+/// The layer kind of a `D`-dimensional layer family: `conv` and 2 give `conv2d`.
+pub(crate) fn kind_of<const D: usize>(family: &'static [&'static str; 3]) -> &'static str {
+    family[D - 1]
 }
 
-/// A 2D convolution, `activation(conv(x, kernel) + bias)`, as Keras's `Conv2D`: a kernel of
-/// shape `[kh, kw, in_channels, filters]` (Glorot-uniform), a zero bias, stride, `valid` or
-/// `same` padding and dilation; inputs `[n, h, w, c]`.
+/// The spatial size and channels of a layer input without its batch dimension
+/// (`[d1, .., dD, c]`), or the error naming the layer.
+pub(crate) fn spatial<const D: usize>(layer: &str, input: &[usize]) -> Result<([usize; D], usize)> {
+    if input.len() == D + 1 {
+        let mut size = [0; D];
+        size.copy_from_slice(&input[..D]);
+        return Ok((size, input[D]));
+    }
+    let names = ["steps", "height, width", "depth, height, width"];
+    Err(NnError::Config {
+        layer: layer.into(),
+        msg: format!(
+            "needs inputs [{}, channels] (channels last), got {input:?} (add a Reshape layer \
+             before it)",
+            names[D - 1]
+        ),
+    })
+}
+
+/// A convolution over `D` spatial dimensions, `activation(conv(x, kernel) + bias)`, as
+/// Keras's `Conv1D`, `Conv2D` and `Conv3D`: a kernel of shape `[k1, .., kD, in_channels,
+/// filters]` (Glorot-uniform), a zero bias, stride, `valid` or `same` padding and dilation;
+/// inputs `[n, d1, .., dD, c]`.
 #[derive(Clone, Debug)]
-pub struct Conv2D {
+pub struct Conv<const D: usize> {
     filters: usize,
-    kernel: [usize; 2],
-    strides: [usize; 2],
-    dilation: [usize; 2],
+    kernel: [usize; D],
+    strides: [usize; D],
+    dilation: [usize; D],
     padding: Padding,
     activation: Activation,
     use_bias: bool,
     kernel_init: Initializer,
     /// The geometry for the input shape [`Layer::build`] saw.
-    window: Option<Window2d>,
+    window: Option<Window>,
 }
 
-impl Conv2D {
+/// A 1D convolution over `[n, steps, c]` (Keras's `Conv1D`).
+pub type Conv1D = Conv<1>;
+/// A 2D convolution over `[n, h, w, c]` (Keras's `Conv2D`).
+pub type Conv2D = Conv<2>;
+/// A 3D convolution over `[n, d, h, w, c]` (Keras's `Conv3D`).
+pub type Conv3D = Conv<3>;
+
+const KINDS: [&str; 3] = ["conv1d", "conv2d", "conv3d"];
+
+impl<const D: usize> Conv<D> {
     /// `filters` outputs per position, a `kernel` window, stride 1, `valid` padding.
-    pub fn new(filters: usize, kernel: [usize; 2], activation: Activation) -> Conv2D {
-        Conv2D {
+    pub fn new(filters: usize, kernel: [usize; D], activation: Activation) -> Conv<D> {
+        Conv {
             filters,
             kernel,
-            strides: [1, 1],
-            dilation: [1, 1],
+            strides: [1; D],
+            dilation: [1; D],
             padding: Padding::Valid,
             activation,
             use_bias: true,
@@ -58,31 +79,31 @@ impl Conv2D {
     }
 
     /// With another stride.
-    pub fn strides(mut self, strides: [usize; 2]) -> Conv2D {
+    pub fn strides(mut self, strides: [usize; D]) -> Conv<D> {
         self.strides = strides;
         self
     }
 
     /// With another padding.
-    pub fn padding(mut self, padding: Padding) -> Conv2D {
+    pub fn padding(mut self, padding: Padding) -> Conv<D> {
         self.padding = padding;
         self
     }
 
     /// With another dilation rate.
-    pub fn dilation(mut self, dilation: [usize; 2]) -> Conv2D {
+    pub fn dilation(mut self, dilation: [usize; D]) -> Conv<D> {
         self.dilation = dilation;
         self
     }
 
     /// Without a bias.
-    pub fn without_bias(mut self) -> Conv2D {
+    pub fn without_bias(mut self) -> Conv<D> {
         self.use_bias = false;
         self
     }
 
     /// With another kernel initialiser.
-    pub fn kernel_initializer(mut self, init: Initializer) -> Conv2D {
+    pub fn kernel_initializer(mut self, init: Initializer) -> Conv<D> {
         self.kernel_init = init;
         self
     }
@@ -91,44 +112,45 @@ impl Conv2D {
         let window = self.window.as_ref().ok_or(NnError::NotBuilt)?;
         let n = x.shape().first().copied().unwrap_or(0);
         let rows = window.taps() * x.shape().last().copied().unwrap_or(0);
-        let [oh, ow] = window.output;
+        let mut out = vec![n];
+        out.extend_from_slice(window.output());
+        out.push(self.filters);
         let z = x
             .im2col(window)?
-            .reshape(&[n * oh * ow, rows])?
+            .reshape(&[n * window.positions(), rows])?
             .matmul(&params[0].reshape(&[rows, self.filters])?)?
-            .reshape(&[n, oh, ow, self.filters])?;
+            .reshape(&out)?;
         Ok(if self.use_bias { z.add(&params[1])? } else { z })
     }
 }
 
-impl Layer for Conv2D {
+impl<const D: usize> Layer for Conv<D> {
     fn kind(&self) -> &'static str {
-        "conv2d"
+        kind_of::<D>(&KINDS)
     }
 
     fn build(&mut self, input: &[usize]) -> Result<(Vec<ParamSpec>, Vec<usize>)> {
+        let kind = self.kind();
         let config = |msg: String| NnError::Config {
-            layer: "conv2d".into(),
+            layer: kind.into(),
             msg,
         };
         if self.filters == 0 {
             return Err(config("filters must be positive".into()));
         }
-        let [h, w, c] = hwc("conv2d", input)?;
-        let window = Window2d::new(
-            [h, w],
-            self.kernel,
-            self.strides,
-            self.dilation,
+        let (size, c) = spatial::<D>(kind, input)?;
+        let window = Window::new(
+            &size,
+            &self.kernel,
+            &self.strides,
+            &self.dilation,
             self.padding,
         )
         .map_err(config)?;
         self.window = Some(window);
-        let mut specs = vec![ParamSpec::trainable(
-            "kernel",
-            vec![self.kernel[0], self.kernel[1], c, self.filters],
-            self.kernel_init,
-        )];
+        let mut kernel = self.kernel.to_vec();
+        kernel.extend([c, self.filters]);
+        let mut specs = vec![ParamSpec::trainable("kernel", kernel, self.kernel_init)];
         if self.use_bias {
             specs.push(ParamSpec::trainable(
                 "bias",
@@ -136,10 +158,9 @@ impl Layer for Conv2D {
                 Initializer::Zeros,
             ));
         }
-        Ok((
-            specs,
-            vec![window.output[0], window.output[1], self.filters],
-        ))
+        let mut output = window.output().to_vec();
+        output.push(self.filters);
+        Ok((specs, output))
     }
 
     fn forward<'t>(

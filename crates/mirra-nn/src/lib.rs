@@ -21,7 +21,7 @@ mod pooling;
 pub mod scope;
 
 pub use activation::Activation;
-pub use conv::Conv2D;
+pub use conv::{Conv, Conv1D, Conv2D, Conv3D};
 pub use error::NnError;
 pub use graph::{Graph, Symbol};
 pub use layer::{Examples, ForwardCtx, Layer, LayerClone, ParamSpec, Role};
@@ -34,7 +34,11 @@ pub use metrics::{Accuracy, Mean, Metric, Overlap, OverlapScore};
 pub use mirra_tensor::Padding;
 pub use network::{ModelOutput, Network, Sequential};
 pub use normalization::BatchNormalization;
-pub use pooling::{AveragePooling2D, GlobalAveragePooling2D, MaxPooling2D, UpSampling2D};
+pub use pooling::{
+    AveragePooling, AveragePooling1D, AveragePooling2D, AveragePooling3D, GlobalAveragePooling,
+    GlobalAveragePooling1D, GlobalAveragePooling2D, GlobalAveragePooling3D, MaxPooling,
+    MaxPooling1D, MaxPooling2D, MaxPooling3D, UpSampling, UpSampling1D, UpSampling2D, UpSampling3D,
+};
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, NnError>;

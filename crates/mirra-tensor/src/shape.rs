@@ -5,7 +5,7 @@ use crate::{Result, TensorError};
 
 /// The most dimensions a tensor may have. Shapes live inline, so creating a tensor on the
 /// hot path allocates nothing but its buffer.
-pub const MAX_RANK: usize = 6;
+pub const MAX_RANK: usize = 8;
 
 /// A tensor's dimensions, stored inline.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use mirra::train::console::{one_line, warn};
 
+mod data_arg;
 mod outputs;
 mod resume;
 mod topo_cmd;
@@ -50,12 +51,17 @@ pub enum LrSchedule {
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
     /// The model to train: mlp (Flatten, Dense 128, 64, 10: 109,386 parameters), cnn
-    /// (Conv2D 32 and 64 of 3x3, each with 2x2 max pooling, Dense 128, 10: 225,034) or
+    /// (Conv2D 32 and 64 of 3x3, each with 2x2 max pooling, Dense 128, 10: 225,034),
     /// resnet20 (the CIFAR ResNet-20: three stages of three residual blocks of 16, 32 and
-    /// 64 filters, batch norm, global average pooling: 272,186) or unet (a 2D U-Net of two
+    /// 64 filters, batch norm, global average pooling: 272,186), unet (a 2D U-Net of two
     /// levels, 16 and 32 filters, a bottleneck of 64, skip connections: 118,155; it
     /// segments 56x56 canvases of 2 to 4 digits made from the data, each pixel of a digit
-    /// labelled with its class, and reports mean_iou and dice over the ten digit classes).
+    /// labelled with its class, and reports mean_iou and dice over the ten digit classes),
+    /// unet3d (the same in 3D with 8, 16 and 32 filters: 88,603; it segments 32x56x56
+    /// volumes of digits extruded through 8 to 24 slices, one volume per 8 digits) or
+    /// resnet50 (torchvision's ResNet-50, bottleneck blocks: 25,557,032; a throughput run
+    /// on synthetic 224x224x3 images of 1000 classes, four batches per epoch, without
+    /// --data).
     #[arg(long, default_value = "mlp")]
     pub model: String,
     /// Number of epochs.
@@ -72,7 +78,12 @@ pub struct TrainArgs {
     /// resumed run continues the curve).
     #[arg(long, value_enum, default_value_t = LrSchedule::Constant)]
     pub lr_schedule: LrSchedule,
-    /// A directory with the four standard MNIST files (train and t10k); by default the
+    /// The data: a directory with MNIST's files (the four of train and t10k, or t10k's
+    /// alone, split 80/20); NumPy arrays, a .npz archive or a directory of .npy files (x and
+    /// y, split 80/20, or x_train, y_train, x_test, y_test), 784 values per example, u8
+    /// pixels or floats used as they are; or a directory of images in one sub-folder per
+    /// class (PNG, JPEG; classes in sorted order, each split 80/20), read per batch and
+    /// made 28x28 greyscale. The classifiers get one output per class. By default the
     /// bundled t10k set, split 8,000 for training and 2,000 for validation.
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
@@ -91,7 +102,7 @@ pub struct TrainArgs {
     /// from --seed, the epoch and each image's index.
     #[arg(long)]
     pub augment: bool,
-    /// Synchronise batch norm across replicas (models with batch norm: resnet20): the
+    /// Synchronise batch norm across replicas (models with batch norm: resnet20, resnet50): the
     /// batch statistics are summed over the replicas in every forward pass, so N replicas
     /// normalise as one device over the global batch (Keras's SyncBatchNormalization);
     /// without it each replica normalises by its own examples.

@@ -1,13 +1,13 @@
 //! Models known to the command line by name.
 
 use mirra_nn::{
-    Activation, Add, BatchNormalization, Concatenate, Conv2D, Dense, Flatten,
-    GlobalAveragePooling2D, Graph, MaxPooling2D, Network, Padding, Reshape, Sequential, Symbol,
-    UpSampling2D,
+    Activation, Add, BatchNormalization, Concatenate, Conv, Conv2D, Dense, Flatten,
+    GlobalAveragePooling2D, Graph, MaxPooling, MaxPooling2D, Network, Padding, Reshape, Sequential,
+    Symbol, UpSampling,
 };
 
 /// The names `mirra train --model` accepts.
-pub const MODEL_NAMES: &[&str] = &["mlp", "cnn", "resnet20", "unet"];
+pub const MODEL_NAMES: &[&str] = &["mlp", "cnn", "resnet20", "unet", "unet3d", "resnet50"];
 
 /// What a model learns from its images.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,42 +15,77 @@ pub enum Task {
     /// One class per 28x28 digit.
     Classification,
     /// One class per pixel of a 56x56 canvas of digits
-    /// ([`digit_canvases`](mirra_data::digit_canvases)).
+    /// ([`digit_canvases`](mirra_data::digit_canvases)), or per voxel of a 32x56x56 volume
+    /// ([`digit_volumes`](mirra_data::digit_volumes)).
     Segmentation,
+    /// One of 1000 classes per 224x224x3 image, on synthetic ImageNet-shaped batches
+    /// ([`synthetic_images`](mirra_data::synthetic_images)): a throughput run.
+    Synthetic,
 }
+
+/// Classes of the synthetic ImageNet-shaped batches.
+pub const SYNTHETIC_CLASSES: usize = 1000;
 
 /// The task of the model `name`.
 pub fn task(name: &str) -> Task {
-    if name == "unet" {
-        Task::Segmentation
-    } else {
-        Task::Classification
+    match name {
+        "unet" | "unet3d" => Task::Segmentation,
+        "resnet50" => Task::Synthetic,
+        _ => Task::Classification,
     }
 }
 
 /// The input shape (without the batch dimension) of the model `name`'s task.
-pub fn input_shape(name: &str) -> [usize; 2] {
-    match task(name) {
-        Task::Classification => [28, 28],
-        Task::Segmentation => [mirra_data::CANVAS, mirra_data::CANVAS],
+pub fn input_shape(name: &str) -> Vec<usize> {
+    let side = mirra_data::CANVAS;
+    match name {
+        "unet" => vec![side, side],
+        "unet3d" => vec![mirra_data::VOLUME_DEPTH, side, side],
+        "resnet50" => vec![224, 224, 3],
+        _ => vec![28, 28],
     }
 }
 
-/// How to build the models that have batch normalization.
-#[derive(Clone, Copy, Debug, Default)]
+/// How to build a model: the classifiers' classes, the batch norm layers' kind.
+#[derive(Clone, Copy, Debug)]
 pub struct Options {
     /// Batch statistics summed across the replicas of a mirrored strategy
     /// ([`BatchNormalization::synchronized`]).
     pub sync_batch_norm: bool,
+    /// Outputs of the classifiers (mlp, cnn, resnet20): the data's classes, 10 for digits.
+    pub classes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            sync_batch_norm: false,
+            classes: 10,
+        }
+    }
+}
+
+impl Options {
+    /// A batch norm layer as these options ask.
+    fn batch_norm(&self) -> BatchNormalization {
+        let bn = BatchNormalization::new();
+        if self.sync_batch_norm {
+            bn.synchronized()
+        } else {
+            bn
+        }
+    }
 }
 
 /// The model called `name`, not yet built; `None` for an unknown name.
 pub fn by_name(name: &str, options: Options) -> Option<Network> {
     match name {
-        "mlp" => Some(mlp()),
-        "cnn" => Some(cnn()),
+        "mlp" => Some(mlp_of(options.classes)),
+        "cnn" => Some(cnn_of(options.classes)),
         "resnet20" => Some(resnet20(options)),
         "unet" => Some(unet()),
+        "unet3d" => Some(unet3d()),
+        "resnet50" => Some(resnet50(options)),
         _ => None,
     }
 }
@@ -68,20 +103,8 @@ pub fn host_only(name: &str) -> bool {
 /// 10; every convolution `same`, without bias, followed by batch norm. 272,186 trainable
 /// parameters.
 pub fn resnet20(options: Options) -> Network {
-    let bn = || {
-        let bn = BatchNormalization::new();
-        if options.sync_batch_norm {
-            bn.synchronized()
-        } else {
-            bn
-        }
-    };
-    let conv = |filters: usize, kernel: usize, stride: usize| {
-        Conv2D::new(filters, [kernel, kernel], Activation::Linear)
-            .strides([stride, stride])
-            .padding(Padding::Same)
-            .without_bias()
-    };
+    let bn = || options.batch_norm();
+    let conv = conv_before_batch_norm;
     let mut g = Graph::new();
     let input = g.input();
     let mut x = g.call(Reshape::new(&[28, 28, 1]), input);
@@ -108,9 +131,18 @@ pub fn resnet20(options: Options) -> Network {
             channels = filters;
         }
     }
-    x = g.call(GlobalAveragePooling2D, x);
-    let y = g.call(Dense::new(10, Activation::Softmax), x);
+    x = g.call(GlobalAveragePooling2D::default(), x);
+    let y = g.call(Dense::new(options.classes, Activation::Softmax), x);
     Network::functional(g, y).expect("the graph's output is one of its layers")
+}
+
+/// A square `same` convolution of `stride` without bias (the batch norm after it has one):
+/// the ResNets' convolution.
+fn conv_before_batch_norm(filters: usize, kernel: usize, stride: usize) -> Conv2D {
+    Conv2D::new(filters, [kernel, kernel], Activation::Linear)
+        .strides([stride, stride])
+        .padding(Padding::Same)
+        .without_bias()
 }
 
 /// A small 2D U-Net (Ronneberger et al., 2015) for the 56x56 digit canvases: two levels
@@ -120,32 +152,102 @@ pub fn resnet20(options: Options) -> Network {
 /// applies two convolutions (32, then 16), ending in a 1x1 convolution to the 11 classes
 /// with a per-pixel softmax. 118,155 parameters.
 pub fn unet() -> Network {
-    let conv =
-        |filters: usize| Conv2D::new(filters, [3, 3], Activation::Relu).padding(Padding::Same);
-    let mut g = Graph::new();
-    let input = g.input();
     let side = mirra_data::CANVAS;
-    let mut x = g.call(Reshape::new(&[side, side, 1]), input);
+    unet_of::<2>([side, side], [16, 32, 64])
+}
+
+/// The same U-Net in 3D (Cicek et al., 2016) for the 32x56x56 digit volumes: 3x3x3
+/// convolutions of 8, 16 and 32 filters (half the 2D net's, a 3D voxel costing three times
+/// a pixel's taps), 2x2x2 pooling and upsampling. 88,603 parameters.
+pub fn unet3d() -> Network {
+    let side = mirra_data::CANVAS;
+    unet_of::<3>([mirra_data::VOLUME_DEPTH, side, side], [8, 16, 32])
+}
+
+/// A U-Net over `D` spatial dimensions of size `input` (one channel): two levels of two
+/// `same` convolutions of 3 per dimension with relu (`filters[0]`, then `filters[1]`), each
+/// followed by pooling of 2, a bottleneck of two convolutions of `filters[2]`, a decoder
+/// that upsamples by 2, concatenates the encoder's output of the same resolution and
+/// applies two convolutions, and a 1-wide convolution to the classes with a softmax.
+fn unet_of<const D: usize>(input: [usize; D], filters: [usize; 3]) -> Network {
+    let conv =
+        |filters: usize| Conv::<D>::new(filters, [3; D], Activation::Relu).padding(Padding::Same);
+    let mut g = Graph::new();
+    let mut x = g.input();
+    let mut shape = input.to_vec();
+    shape.push(1);
+    x = g.call(Reshape::new(&shape), x);
     let mut skips = Vec::new();
-    for filters in [16, 32] {
-        x = g.call(conv(filters), x);
-        x = g.call(conv(filters), x);
+    for &f in &filters[..2] {
+        x = g.call(conv(f), x);
+        x = g.call(conv(f), x);
         skips.push(x);
-        x = g.call(MaxPooling2D::new([2, 2]), x);
+        x = g.call(MaxPooling::<D>::new([2; D]), x);
     }
-    x = g.call(conv(64), x);
-    x = g.call(conv(64), x);
-    for filters in [32, 16] {
-        x = g.call(UpSampling2D::new([2, 2]), x);
+    x = g.call(conv(filters[2]), x);
+    x = g.call(conv(filters[2]), x);
+    for &f in filters[..2].iter().rev() {
+        x = g.call(UpSampling::<D>::new([2; D]), x);
         let skip = skips.pop().expect("one skip per level");
         x = g.merge(Concatenate::default(), &[x, skip]);
-        x = g.call(conv(filters), x);
-        x = g.call(conv(filters), x);
+        x = g.call(conv(f), x);
+        x = g.call(conv(f), x);
     }
     let y = g.call(
-        Conv2D::new(mirra_data::CLASSES, [1, 1], Activation::Softmax),
+        Conv::<D>::new(mirra_data::CLASSES, [1; D], Activation::Softmax),
         x,
     );
+    Network::functional(g, y).expect("the graph's output is one of its layers")
+}
+
+/// ResNet-50 (He et al., 2016), the seed's model, as torchvision's `resnet50` (v1.5: the
+/// stride on each stage's 3x3 convolution): on 224x224x3 images, a 7x7 convolution of 64
+/// with stride 2, batch norm, relu and 3x3 max pooling of stride 2; four stages of 3, 4,
+/// 6 and 3 bottleneck blocks (1x1 convolution to 64, 128, 256 or 512 filters, 3x3, 1x1 to
+/// four times as many, each with batch norm; the first block of each stage projects its
+/// shortcut with a 1x1 convolution and batch norm); global average pooling and a softmax
+/// of 1000. Convolutions without bias. 25,557,032 trainable parameters, torchvision's
+/// count.
+pub fn resnet50(options: Options) -> Network {
+    let bn = || options.batch_norm();
+    let conv = conv_before_batch_norm;
+    let mut g = Graph::new();
+    let mut x = g.input();
+    x = g.call(conv(64, 7, 2), x);
+    x = g.call(bn(), x);
+    x = g.call(Activation::Relu, x);
+    x = g.call(
+        MaxPooling2D::new([3, 3])
+            .strides([2, 2])
+            .padding(Padding::Same),
+        x,
+    );
+    for (stage, (blocks, width)) in [(3, 64), (4, 128), (6, 256), (3, 512)]
+        .into_iter()
+        .enumerate()
+    {
+        for block in 0..blocks {
+            let stride = if stage > 0 && block == 0 { 2 } else { 1 };
+            let mut h = g.call(conv(width, 1, 1), x);
+            h = g.call(bn(), h);
+            h = g.call(Activation::Relu, h);
+            h = g.call(conv(width, 3, stride), h);
+            h = g.call(bn(), h);
+            h = g.call(Activation::Relu, h);
+            h = g.call(conv(4 * width, 1, 1), h);
+            h = g.call(bn(), h);
+            let shortcut = if block == 0 {
+                let s = g.call(conv(4 * width, 1, stride), x);
+                g.call(bn(), s)
+            } else {
+                x
+            };
+            x = g.merge(Add, &[h, shortcut]);
+            x = g.call(Activation::Relu, x);
+        }
+    }
+    x = g.call(GlobalAveragePooling2D::default(), x);
+    let y = g.call(Dense::new(SYNTHETIC_CLASSES, Activation::Softmax), x);
     Network::functional(g, y).expect("the graph's output is one of its layers")
 }
 
@@ -153,6 +255,11 @@ pub fn unet() -> Network {
 /// MaxPooling 2x2 -> Conv2D(64, 3x3, relu) -> MaxPooling 2x2 -> Flatten -> Dense(128, relu)
 /// -> Dense(10, softmax); `valid` convolutions, 225,034 parameters.
 pub fn cnn() -> Sequential {
+    cnn_of(10)
+}
+
+/// [`cnn`] with `classes` outputs.
+fn cnn_of(classes: usize) -> Sequential {
     Sequential::new(vec![
         Box::new(Reshape::new(&[28, 28, 1])),
         Box::new(Conv2D::new(32, [3, 3], Activation::Relu)),
@@ -161,18 +268,23 @@ pub fn cnn() -> Sequential {
         Box::new(MaxPooling2D::new([2, 2])),
         Box::new(Flatten),
         Box::new(Dense::new(128, Activation::Relu)),
-        Box::new(Dense::new(10, Activation::Softmax)),
+        Box::new(Dense::new(classes, Activation::Softmax)),
     ])
 }
 
 /// The MNIST MLP of the reference recipe: Flatten -> Dense(128, relu) -> Dense(64, relu)
 /// -> Dense(10, softmax).
 pub fn mlp() -> Sequential {
+    mlp_of(10)
+}
+
+/// [`mlp`] with `classes` outputs.
+fn mlp_of(classes: usize) -> Sequential {
     Sequential::new(vec![
         Box::new(Flatten),
         Box::new(Dense::new(128, Activation::Relu)),
         Box::new(Dense::new(64, Activation::Relu)),
-        Box::new(Dense::new(10, Activation::Softmax)),
+        Box::new(Dense::new(classes, Activation::Softmax)),
     ])
 }
 
@@ -246,19 +358,36 @@ mod tests {
         assert!(losses[3] < losses[0], "{losses:?}");
     }
 
-    /// The CI smoke of the U-Net: its shapes, and a few Adam steps on one batch of
-    /// canvases lower the per-pixel loss.
+    /// The CI smoke of the U-Nets: their shapes, and a few Adam steps on one batch of
+    /// canvases (volumes) lower the per-pixel (per-voxel) loss.
     #[test]
-    fn the_unet_segments_canvases_and_learns_a_batch() {
-        let mut net = unet();
-        net.build(&input_shape("unet"), 3).unwrap();
-        assert_eq!(net.output_shape(), [56, 56, 11]);
-        assert_eq!(net.num_params(), 118_155);
+    fn the_unets_segment_canvases_and_volumes_and_learn_a_batch() {
         let digits = mirra_data::Mnist::bundled().unwrap().train;
         let canvases = mirra_data::digit_canvases(&digits, 8, 1).unwrap();
-        let batch = mirra_data::pixels_to_unit_f32(vec![canvases.pixels, canvases.labels]).unwrap();
-        let losses = losses_on_one_batch(net, 3e-3, 4, &batch[0], &batch[1]);
-        assert!(losses[3] < losses[0], "{losses:?}");
+        let volumes = mirra_data::digit_volumes(&digits, 2, 1).unwrap();
+        for (name, data, output, params) in [
+            ("unet", canvases, vec![56, 56, 11], 118_155),
+            ("unet3d", volumes, vec![32, 56, 56, 11], 88_603),
+        ] {
+            let mut net = by_name(name, Options::default()).unwrap();
+            net.build(&input_shape(name), 3).unwrap();
+            assert_eq!(net.output_shape(), output, "{name}");
+            assert_eq!(net.num_params(), params, "{name}");
+            let batch = mirra_data::pixels_to_unit_f32(vec![data.pixels, data.labels]).unwrap();
+            let losses = losses_on_one_batch(net, 3e-3, 3, &batch[0], &batch[1]);
+            assert!(losses[2] < losses[0], "{name}: {losses:?}");
+        }
+    }
+
+    /// ResNet-50 has torchvision's shapes and parameter count (trainable: 25,557,032) and
+    /// a batch norm after each of its 53 convolutions.
+    #[test]
+    fn resnet50_has_torchvision_s_size() {
+        let mut net = resnet50(Options::default());
+        net.build(&input_shape("resnet50"), 3).unwrap();
+        assert_eq!(net.num_params(), 25_557_032);
+        assert_eq!(net.output_shape(), [1000]);
+        assert_eq!(net.state().len(), 2 * 53);
     }
 
     #[test]

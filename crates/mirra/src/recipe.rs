@@ -1,7 +1,8 @@
 //! The reference recipe's input pipelines: what `mirra train` feeds its model, shared with
 //! `cargo xtask bench` so that the benchmark measures what a user's run costs.
 
-use mirra_data::{pixels_to_unit_f32, Augment, DataError, Dataset, Result, Split};
+use mirra_data::{pixels_to_unit_f32, Augment, DataError, Dataset, ImageFolder, Result, Split};
+use mirra_device::DType;
 use mirra_tensor::{Device, Tensor};
 
 /// Shuffle buffer: the whole training split of MNIST, a uniform permutation per epoch.
@@ -9,17 +10,58 @@ pub const SHUFFLE_BUFFER: usize = 60_000;
 /// Batches prepared ahead of the training step on a background thread.
 pub const PREFETCH: usize = 2;
 
+/// Where a split's examples are: in memory, or, for an [`ImageFolder`], files read as each
+/// batch forms (the split's `pixels` are then the files' indices).
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Examples<'a> {
+    /// The split's tensors hold the examples.
+    #[default]
+    InMemory,
+    /// The split's `pixels` are indices of this folder's files.
+    Files(&'a ImageFolder),
+}
+
+/// The first stages of every pipeline: the split's rows (and `more` tensors beside them),
+/// shuffled when `seed` is given, batched, the files of each batch read, `u8` pixels made
+/// `f32` in `[0, 1]` (float examples are used as they are).
+fn batches(
+    split: &Split,
+    more: Option<Tensor>,
+    examples: Examples<'_>,
+    batch_size: usize,
+    seed: Option<u64>,
+) -> Result<Dataset> {
+    let mut tensors = vec![split.pixels.clone(), split.labels.clone()];
+    tensors.extend(more);
+    let mut ds = Dataset::from_tensor_slices(tensors)?;
+    if let Some(seed) = seed {
+        ds = ds.shuffle(SHUFFLE_BUFFER, seed);
+    }
+    ds = ds.batch(batch_size, false);
+    let pixels = match examples {
+        Examples::InMemory => split.pixels.dtype(),
+        Examples::Files(folder) => {
+            ds = ds.map(folder.reader());
+            DType::U8
+        }
+    };
+    Ok(if pixels == DType::U8 {
+        ds.map(pixels_to_unit_f32)
+    } else {
+        ds
+    })
+}
+
 /// The training pipeline: shuffled with `seed` (a new order every epoch), batched
 /// (the last batch partial), images kept as stored (`u8`) and made `f32` in `[0, 1]` as
 /// each batch forms, prepared ahead on a background thread.
-pub fn train_pipeline(split: &Split, batch_size: usize, seed: u64) -> Result<Dataset> {
-    Ok(
-        Dataset::from_tensor_slices(vec![split.pixels.clone(), split.labels.clone()])?
-            .shuffle(SHUFFLE_BUFFER, seed)
-            .batch(batch_size, false)
-            .map(pixels_to_unit_f32)
-            .prefetch(PREFETCH),
-    )
+pub fn train_pipeline(
+    split: &Split,
+    examples: Examples<'_>,
+    batch_size: usize,
+    seed: u64,
+) -> Result<Dataset> {
+    Ok(batches(split, None, examples, batch_size, Some(seed))?.prefetch(PREFETCH))
 }
 
 /// [`train_pipeline`] with each training image augmented ([`Augment`]) as its batch forms,
@@ -27,6 +69,7 @@ pub fn train_pipeline(split: &Split, batch_size: usize, seed: u64) -> Result<Dat
 /// batch or replica: a resumed run and any replica count see the same images).
 pub fn augmented_train_pipeline(
     split: &Split,
+    examples: Examples<'_>,
     batch_size: usize,
     seed: u64,
     augment: Augment,
@@ -34,10 +77,7 @@ pub fn augmented_train_pipeline(
     let n = split.labels.dims()[0];
     let index = Tensor::from_vec((0..n as i64).collect(), &[n], Device::Cpu)?;
     Ok(
-        Dataset::from_tensor_slices(vec![split.pixels.clone(), split.labels.clone(), index])?
-            .shuffle(SHUFFLE_BUFFER, seed)
-            .batch(batch_size, false)
-            .map(pixels_to_unit_f32)
+        batches(split, Some(index), examples, batch_size, Some(seed))?
             .map_with_epoch(move |epoch, mut batch| {
                 let index = batch.pop().ok_or(DataError::Incompatible {
                     op: "augment",
@@ -51,11 +91,6 @@ pub fn augmented_train_pipeline(
 }
 
 /// The evaluation pipeline: in order, batches of `batch_size`, `f32` images.
-pub fn eval_pipeline(split: &Split, batch_size: usize) -> Result<Dataset> {
-    Ok(
-        Dataset::from_tensor_slices(vec![split.pixels.clone(), split.labels.clone()])?
-            .batch(batch_size, false)
-            .map(pixels_to_unit_f32)
-            .prefetch(PREFETCH),
-    )
+pub fn eval_pipeline(split: &Split, examples: Examples<'_>, batch_size: usize) -> Result<Dataset> {
+    Ok(batches(split, None, examples, batch_size, None)?.prefetch(PREFETCH))
 }

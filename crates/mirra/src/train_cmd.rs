@@ -1,6 +1,6 @@
 //! `mirra train`: the reference recipe on MNIST.
 
-use mirra::data::Mnist;
+use mirra::device::DType;
 use mirra::device::Device;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use std::sync::Arc;
@@ -17,16 +17,13 @@ use crate::{Failure, LrSchedule, TrainArgs};
 
 pub fn run(args: TrainArgs) -> Result<(), Failure> {
     let run_err = |e: &dyn std::fmt::Display| Failure::Run(e.to_string());
-    let options = mirra::models::Options {
-        sync_batch_norm: args.sync_batch_norm,
-    };
-    let Some(mut net) = mirra::models::by_name(&args.model, options) else {
+    if !mirra::models::MODEL_NAMES.contains(&args.model.as_str()) {
         return Err(Failure::Usage(format!(
             "unknown model '{}' (known: {})",
             args.model,
             mirra::models::MODEL_NAMES.join(", ")
         )));
-    };
+    }
     if let (Some(replicas), true) = (args.replicas, args.devices().len() > 1) {
         if replicas != args.devices().len() {
             return Err(Failure::Usage(format!(
@@ -112,63 +109,99 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     } else {
         args.lr
     };
-    // Without --data, the test set embedded in the binary: no file, no checkout needed.
-    let mnist = match &args.data {
-        Some(dir) if !dir.is_dir() => {
+    let task = mirra::models::task(&args.model);
+    if task == Task::Synthetic {
+        if let Some(dir) = &args.data {
             return Err(Failure::Usage(format!(
-                "data directory '{}' does not exist",
-                dir.display()
-            )))
+                "--data {} with --model {}: it trains on synthetic ImageNet-shaped batches \
+                 (224x224x3, 1000 classes), a throughput run",
+                dir.display(),
+                args.model
+            )));
         }
-        Some(dir) => Mnist::load(dir),
-        None => Mnist::bundled(),
     }
-    .map_err(|e| Failure::Usage(e.to_string()))?;
-    let (train_n, val_n) = (mnist.train.len(), mnist.validation.len());
-    if train_n == 0 || val_n == 0 {
-        let source = match &args.data {
-            Some(dir) => format!("--data {}", dir.display()),
-            None => "the bundled data".into(),
-        };
+    if args.augment && task != Task::Classification {
         return Err(Failure::Usage(format!(
-            "{source} holds {train_n} training and {val_n} validation examples: training \
-             needs at least one of each"
+            "--augment with --model {}: augmentation is for the 28x28 digits of the \
+             classifiers (it would move the images but not segmentation masks)",
+            args.model
         )));
     }
-    let task = mirra::models::task(&args.model);
-    let mnist = match task {
-        Task::Classification => mnist,
+    // MNIST's files, NumPy arrays or an image folder; without --data, the test set
+    // embedded in the binary: no file, no checkout needed.
+    let data = crate::data_arg::open(args.data.as_deref())?;
+    let data = match task {
+        Task::Classification => data,
         Task::Segmentation => {
-            if args.augment {
+            if data.folder.is_some() || data.classes > 10 || data.train.pixels.dtype() != DType::U8
+            {
                 return Err(Failure::Usage(format!(
-                    "--augment with --model {}: augmentation moves the images but not their \
-                     segmentation masks",
-                    args.model
+                    "--model {} draws its canvases from digits: u8 images of 10 classes or \
+                     fewer held in memory (MNIST's files or NumPy arrays), not {}",
+                    args.model,
+                    if data.folder.is_some() {
+                        "an image folder (read per batch)".to_string()
+                    } else {
+                        format!("{} {} classes", data.train.pixels.dtype(), data.classes)
+                    }
                 )));
             }
-            // Canvases of 2-4 digits, half as many as there are digits; validation
-            // canvases from the validation digits.
-            let canvases = |split: &mirra::data::Split, salt: u64| {
-                mirra::data::digit_canvases(split, split.len().div_ceil(2), args.seed ^ salt)
+            // Canvases of 2-4 digits, half as many as there are digits (volumes: an eighth,
+            // each 32 slices); validation canvases from the validation digits.
+            let draw = |split: &mirra::data::Split, salt: u64| {
+                let seed = args.seed ^ salt;
+                if args.model == "unet3d" {
+                    mirra::data::digit_volumes(split, split.len().div_ceil(8), seed)
+                } else {
+                    mirra::data::digit_canvases(split, split.len().div_ceil(2), seed)
+                }
             };
-            Mnist {
-                train: canvases(&mnist.train, 0).map_err(|e| run_err(&e))?,
-                validation: canvases(&mnist.validation, 0x7e57).map_err(|e| run_err(&e))?,
-                ..mnist
+            crate::data_arg::Data {
+                train: draw(&data.train, 0).map_err(|e| run_err(&e))?,
+                validation: draw(&data.validation, 0x7e57).map_err(|e| run_err(&e))?,
+                classes: CLASSES,
+                folder: None,
+            }
+        }
+        Task::Synthetic => {
+            // Four batches to train on, one to validate on: what a step costs.
+            let image = mirra::models::input_shape(&args.model);
+            let classes = mirra::models::SYNTHETIC_CLASSES;
+            let synthetic = |count: usize, salt: u64| {
+                mirra::data::synthetic_images(count, &image, classes, args.seed ^ salt)
+            };
+            crate::data_arg::Data {
+                train: synthetic(4 * args.batch_size, 0).map_err(|e| run_err(&e))?,
+                validation: synthetic(args.batch_size, 0x7e57).map_err(|e| run_err(&e))?,
+                classes,
+                folder: None,
             }
         }
     };
-    let (train_n, val_n) = (mnist.train.len(), mnist.validation.len());
+    let options = mirra::models::Options {
+        sync_batch_norm: args.sync_batch_norm,
+        classes: data.classes,
+    };
+    let mut net = mirra::models::by_name(&args.model, options)
+        .ok_or_else(|| Failure::Usage(format!("unknown model '{}'", args.model)))?;
+    let (train_n, val_n) = (data.train.len(), data.validation.len());
     // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
     let train = if args.augment {
         let augment = mirra::data::Augment::digits(args.seed);
-        mirra::recipe::augmented_train_pipeline(&mnist.train, args.batch_size, args.seed, augment)
+        mirra::recipe::augmented_train_pipeline(
+            &data.train,
+            data.examples(),
+            args.batch_size,
+            args.seed,
+            augment,
+        )
     } else {
-        mirra::recipe::train_pipeline(&mnist.train, args.batch_size, args.seed)
+        mirra::recipe::train_pipeline(&data.train, data.examples(), args.batch_size, args.seed)
     }
     .map_err(|e| run_err(&e))?;
-    let validation = mirra::recipe::eval_pipeline(&mnist.validation, args.batch_size.max(256))
-        .map_err(|e| run_err(&e))?;
+    let validation =
+        mirra::recipe::eval_pipeline(&data.validation, data.examples(), args.batch_size.max(256))
+            .map_err(|e| run_err(&e))?;
 
     // Under a strategy the model is built in its scope, so its variables are mirrored.
     let input = mirra::models::input_shape(&args.model);
@@ -229,7 +262,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     };
     let loss = Box::new(SparseCategoricalCrossentropy::default());
     let metrics: Vec<Box<dyn Metric>> = match task {
-        Task::Classification => vec![Box::new(Accuracy::new())],
+        Task::Classification | Task::Synthetic => vec![Box::new(Accuracy::new())],
         // Pixel accuracy, and the overlap of each digit class's mask (the background
         // left out of the means): History keys `val_mean_iou` and `val_dice`.
         Task::Segmentation => vec![

@@ -1,5 +1,8 @@
 //! End-to-end tests through the `mirra` binary.
 
+use std::path::Path;
+
+use mirra_mutation::fixtures::npy;
 use std::process::{Command, Output};
 
 fn mirra(args: &[&str]) -> Output {
@@ -86,7 +89,7 @@ fn one_epoch_on_the_bundled_data_reaches_90_percent() {
 #[test]
 fn bad_arguments_get_one_clear_line_and_exit_2() {
     let missing = std::env::temp_dir().join("mirra-no-such-dir");
-    let cases: [(&[&str], &str); 21] = [
+    let cases: [(&[&str], &str); 22] = [
         (&["train", "--batch-size", "0"], "--batch-size"),
         // A negative number used to be taken for a flag: "unexpected argument '-1'".
         (
@@ -150,7 +153,11 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
         (&["train", "--model", "resnet"], "unknown model 'resnet'"),
         (
             &["train", "--model", "unet", "--augment"],
-            "augmentation moves the images but not their segmentation masks",
+            "augmentation is for the 28x28 digits of the classifiers",
+        ),
+        (
+            &["train", "--model", "resnet50", "--data", "."],
+            "--data . with --model resnet50: it trains on synthetic ImageNet-shaped batches",
         ),
         (
             &["train", "--data", missing.to_str().unwrap()],
@@ -307,21 +314,20 @@ fn augmentation_is_seeded_and_independent_of_replicas() {
     }
 }
 
-/// The U-Net through the CLI on two replicas: canvases made from 80 digits, one epoch,
-/// and the History's segmentation figures (`val_mean_iou`, `val_dice`) in [0, 1].
-#[test]
-fn the_unet_trains_on_digit_canvases_and_reports_iou_and_dice() {
+/// A data folder holding the first `count` bundled digits as an MNIST test set (the
+/// CLI splits it 80/20).
+fn first_digits(count: usize) -> tempfile::TempDir {
     let data = tempfile::tempdir().unwrap();
     let digits = mirra::data::Mnist::bundled().unwrap().train;
     let pixels = digits
         .pixels
-        .narrow(0, 0, 80)
+        .narrow(0, 0, count)
         .unwrap()
         .contiguous()
         .unwrap();
     let labels = digits
         .labels
-        .narrow(0, 0, 80)
+        .narrow(0, 0, count)
         .unwrap()
         .to_vec::<i64>()
         .unwrap();
@@ -333,26 +339,77 @@ fn the_unet_trains_on_digit_canvases_and_reports_iou_and_dice() {
         bytes.extend(body);
         std::fs::write(data.path().join(name), bytes).unwrap();
     };
+    let n = count as u32;
     idx(
         "t10k-images-idx3-ubyte",
-        &[80, 28, 28],
+        &[n, 28, 28],
         pixels.as_slice::<u8>().unwrap(),
     );
     let labels: Vec<u8> = labels.iter().map(|&l| l as u8).collect();
-    idx("t10k-labels-idx1-ubyte", &[80], &labels);
+    idx("t10k-labels-idx1-ubyte", &[n], &labels);
+    data
+}
+
+/// The U-Nets through the CLI on two replicas: canvases (volumes) made from 80 digits,
+/// one epoch, and the History's segmentation figures (`val_mean_iou`, `val_dice`) in
+/// [0, 1].
+#[test]
+fn the_unets_train_on_digit_canvases_and_volumes_and_report_iou_and_dice() {
+    let data = first_digits(80);
+    // 64 training and 16 validation digits: half as many canvases, an eighth as many
+    // volumes.
+    for (model, batch, seen) in [
+        ("unet", "16", "on 32 samples, validating on 8"),
+        ("unet3d", "4", "on 8 samples, validating on 2"),
+    ] {
+        let out_dir = tempfile::tempdir().unwrap();
+        let history = out_dir.path().join("history.json");
+        let out = mirra(&[
+            "train",
+            "--model",
+            model,
+            "--data",
+            data.path().to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--batch-size",
+            batch,
+            "--replicas",
+            "2",
+            "--history",
+            history.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{model}: {}", stderr(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(seen), "{model}: {stdout}");
+        let h: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&history).unwrap()).unwrap();
+        for key in [
+            "val_mean_iou",
+            "val_dice",
+            "val_accuracy",
+            "mean_iou",
+            "dice",
+        ] {
+            let v = h[key][0].as_f64().unwrap_or(f64::NAN);
+            assert!((0.0..=1.0).contains(&v), "{model}: {key} = {v} in {h}");
+        }
+    }
+}
+
+/// ResNet-50 through the CLI: one epoch on synthetic 224x224x3 batches (four to train on,
+/// one to validate on) reports a finite loss and its throughput.
+#[test]
+fn resnet50_trains_on_synthetic_imagenet_shaped_batches() {
     let out_dir = tempfile::tempdir().unwrap();
     let history = out_dir.path().join("history.json");
     let out = mirra(&[
         "train",
         "--model",
-        "unet",
-        "--data",
-        data.path().to_str().unwrap(),
+        "resnet50",
         "--epochs",
         "1",
         "--batch-size",
-        "16",
-        "--replicas",
         "2",
         "--history",
         history.to_str().unwrap(),
@@ -360,18 +417,92 @@ fn the_unet_trains_on_digit_canvases_and_reports_iou_and_dice() {
     assert!(out.status.success(), "{}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("on 32 samples, validating on 8"),
+        stdout.contains("resnet50 (25557032 parameters) on 8 samples, validating on 2"),
         "{stdout}"
     );
     let h: serde_json::Value = serde_json::from_slice(&std::fs::read(&history).unwrap()).unwrap();
-    for key in [
-        "val_mean_iou",
-        "val_dice",
-        "val_accuracy",
-        "mean_iou",
-        "dice",
+    let loss = h["loss"][0].as_f64().unwrap_or(f64::NAN);
+    // Random labels of 1000 classes: about ln(1000) = 6.9 at the start.
+    assert!(loss.is_finite() && loss > 3.0 && loss < 20.0, "{h}");
+}
+
+/// `--data` also takes NumPy arrays (f32 examples of 784 values, three classes: the model
+/// gets three outputs) and a folder of PNGs in class folders (read per batch, resized to
+/// 28x28); examples of another size, or an image folder for the U-Net, are one clear line
+/// and exit 2.
+#[test]
+fn numpy_arrays_and_image_folders_train() {
+    let dir = tempfile::tempdir().unwrap();
+    // 40 examples: class c has pixels near c / 2 (learnable), as [40, 784] f32.
+    let arrays = dir.path().join("arrays");
+    std::fs::create_dir(&arrays).unwrap();
+    let labels: Vec<i64> = (0..40).map(|i| i % 3).collect();
+    let x: Vec<u8> = labels
+        .iter()
+        .flat_map(|&c| {
+            (0..784).flat_map(move |p| ((c as f32) / 2.0 + (p % 7) as f32 * 0.01).to_le_bytes())
+        })
+        .collect();
+    std::fs::write(arrays.join("x.npy"), npy("<f4", "(40, 784)", &x)).unwrap();
+    let y: Vec<u8> = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
+    std::fs::write(arrays.join("y.npy"), npy("<i8", "(40,)", &y)).unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let checkpoints = out_dir.path().join("ckpt");
+    let train = |data: &Path, model: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            model,
+            "--data",
+            data.to_str().unwrap(),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        mirra(&args)
+    };
+    let out = train(
+        &arrays,
+        "mlp",
+        &["--checkpoint-dir", checkpoints.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Dense 784x128, 128x64, 64x3 with biases.
+    assert!(
+        stdout.contains("mlp (108931 parameters) on 32 samples, validating on 8"),
+        "{stdout}"
+    );
+    // A folder of PNGs: 6 of class "dark", 6 of "light", one 56x56 (resized).
+    let images = dir.path().join("images");
+    for (class, value) in [("dark", 30u8), ("light", 220)] {
+        std::fs::create_dir_all(images.join(class)).unwrap();
+        for i in 0..6 {
+            let side = if i == 0 { 56 } else { 28 };
+            image::GrayImage::from_pixel(side, side, image::Luma([value]))
+                .save(images.join(class).join(format!("{i}.png")))
+                .unwrap();
+        }
+    }
+    let out = train(&images, "cnn", &["--replicas", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("on 8 samples, validating on 4"), "{stdout}");
+    // Faults: examples of 100 values; the U-Net's canvases from an image folder.
+    let wrong = dir.path().join("wrong");
+    std::fs::create_dir(&wrong).unwrap();
+    std::fs::write(wrong.join("x.npy"), npy("|u1", "(10, 10, 10)", &[0; 1000])).unwrap();
+    std::fs::write(wrong.join("y.npy"), npy("|u1", "(10,)", &[0; 10])).unwrap();
+    for (data, model, needle) in [
+        (&wrong, "mlp", "examples of shape [10, 10] (100 values)"),
+        (&images, "unet", "not an image folder"),
     ] {
-        let v = h[key][0].as_f64().unwrap_or(f64::NAN);
-        assert!((0.0..=1.0).contains(&v), "{key} = {v} in {h}");
+        let out = train(data, model, &[]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{err}");
     }
 }

@@ -1,12 +1,15 @@
-//! The patches of a convolution (`im2col`) and their adjoint (`col2im`): what turns a 2D
-//! convolution, a pooling window and their gradients into the matrix product, the max and
-//! the mean that the other families already have.
+//! The patches of a convolution (`im2col`) and their adjoint (`col2im`): what turns a 1D,
+//! 2D or 3D convolution, a pooling window and their gradients into the matrix product, the
+//! max and the mean that the other families already have.
 //!
-//! Layout is channels-last, as Keras's: an input `[n, h, w, c]`, the patches of output
-//! position `(oh, ow)` laid out `[kh, kw, c]` (so that a kernel `[kh, kw, c, f]` reshaped to
-//! `[kh * kw * c, f]` multiplies them). Geometry follows TensorFlow: `valid` padding keeps
-//! the windows inside the input; `same` gives `ceil(h / stride)` outputs and pads the total
-//! that needs, its smaller half before (top, left); padded elements read as zero.
+//! Layout is channels-last, as Keras's: an input `[n, d1, .., dk, c]` (k spatial
+//! dimensions, 1 to 3), the patch of each output position laid out `[k1, .., kk, c]` (so
+//! that a kernel `[k1, .., kk, c, f]` reshaped to `[k1 * .. * kk * c, f]` multiplies them).
+//! Geometry follows TensorFlow: `valid` padding keeps the windows inside the input; `same`
+//! gives `ceil(size / stride)` outputs and pads the total that needs, its smaller half
+//! before; padded elements read as zero.
+
+use std::ops::Range;
 
 use mirra_device::{Buffer, Element, FloatElement};
 
@@ -21,75 +24,143 @@ pub enum Padding {
     Same,
 }
 
-/// A 2D window over `[n, h, w, c]` inputs: its size, stride, dilation and the geometry it
-/// gives an input of `input` height and width.
+/// The most spatial dimensions a [`Window`] has (3D convolutions).
+pub const MAX_SPATIAL: usize = 3;
+
+/// A window over channels-last inputs `[n, d1, .., dk, c]` of 1 to [`MAX_SPATIAL`] spatial
+/// dimensions: its size, stride, dilation and the geometry it gives an input of that size.
+///
+/// Stored with the unused leading dimensions as a window of 1 over an input of 1 (so one
+/// three-deep walk serves every rank); the accessors return the `rank` dimensions only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window2d {
-    /// The input's height and width.
-    pub input: [usize; 2],
-    /// The window's height and width.
-    pub kernel: [usize; 2],
-    /// Steps between windows.
-    pub stride: [usize; 2],
-    /// Steps between the window's taps (1: adjacent).
-    pub dilation: [usize; 2],
-    /// Zeros before the input (top, left).
-    pub pad: [usize; 2],
-    /// The output's height and width.
-    pub output: [usize; 2],
+pub struct Window {
+    rank: usize,
+    input: [usize; MAX_SPATIAL],
+    kernel: [usize; MAX_SPATIAL],
+    stride: [usize; MAX_SPATIAL],
+    dilation: [usize; MAX_SPATIAL],
+    pad: [usize; MAX_SPATIAL],
+    output: [usize; MAX_SPATIAL],
 }
 
-impl Window2d {
-    /// The geometry of `kernel` windows over an input of `input` height and width; an error
-    /// when a size is zero or `valid` windows do not fit.
+impl Window {
+    /// The geometry of `kernel` windows over an input of spatial size `input`, one entry per
+    /// spatial dimension in each; an error when the ranks differ or are not 1 to 3, a size
+    /// is zero or `valid` windows do not fit.
     pub fn new(
-        input: [usize; 2],
-        kernel: [usize; 2],
-        stride: [usize; 2],
-        dilation: [usize; 2],
+        input: &[usize],
+        kernel: &[usize],
+        stride: &[usize],
+        dilation: &[usize],
         padding: Padding,
-    ) -> std::result::Result<Window2d, String> {
+    ) -> std::result::Result<Window, String> {
+        let rank = input.len();
+        if !(1..=MAX_SPATIAL).contains(&rank)
+            || [kernel.len(), stride.len(), dilation.len()] != [rank; 3]
+        {
+            return Err(format!(
+                "a window needs 1 to {MAX_SPATIAL} spatial dimensions, the same number for \
+                 input {input:?}, kernel {kernel:?}, stride {stride:?} and dilation {dilation:?}"
+            ));
+        }
         if kernel.contains(&0) || stride.contains(&0) || dilation.contains(&0) {
             return Err(format!(
                 "kernel {kernel:?}, stride {stride:?} and dilation {dilation:?} must be at least 1"
             ));
         }
-        let mut pad = [0; 2];
-        let mut output = [0; 2];
-        for d in 0..2 {
-            let span = (kernel[d] - 1) * dilation[d] + 1;
-            match padding {
+        let lead = MAX_SPATIAL - rank;
+        let mut w = Window {
+            rank,
+            input: [1; MAX_SPATIAL],
+            kernel: [1; MAX_SPATIAL],
+            stride: [1; MAX_SPATIAL],
+            dilation: [1; MAX_SPATIAL],
+            pad: [0; MAX_SPATIAL],
+            output: [1; MAX_SPATIAL],
+        };
+        for d in 0..rank {
+            let (size, k, s, dil) = (input[d], kernel[d], stride[d], dilation[d]);
+            let span = (k - 1) * dil + 1;
+            let (out, pad) = match padding {
                 Padding::Valid => {
-                    if input[d] < span {
+                    if size < span {
                         return Err(format!(
-                            "a window spanning {span} does not fit in an input of {} (valid \
-                             padding)",
-                            input[d]
+                            "a window spanning {span} does not fit in an input of {size} \
+                             (valid padding)"
                         ));
                     }
-                    output[d] = (input[d] - span) / stride[d] + 1;
+                    ((size - span) / s + 1, 0)
                 }
                 Padding::Same => {
-                    output[d] = input[d].div_ceil(stride[d]);
-                    let needed =
-                        ((output[d].max(1) - 1) * stride[d] + span).saturating_sub(input[d]);
-                    pad[d] = needed / 2;
+                    let out = size.div_ceil(s);
+                    let needed = ((out.max(1) - 1) * s + span).saturating_sub(size);
+                    (out, needed / 2)
                 }
-            }
+            };
+            let at = lead + d;
+            w.input[at] = size;
+            w.kernel[at] = k;
+            w.stride[at] = s;
+            w.dilation[at] = dil;
+            w.pad[at] = pad;
+            w.output[at] = out;
         }
-        Ok(Window2d {
-            input,
-            kernel,
-            stride,
-            dilation,
-            pad,
-            output,
-        })
+        Ok(w)
+    }
+
+    /// Spatial dimensions (1 to 3).
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The input's spatial size.
+    pub fn input(&self) -> &[usize] {
+        &self.input[MAX_SPATIAL - self.rank..]
+    }
+
+    /// The window's size.
+    pub fn kernel(&self) -> &[usize] {
+        &self.kernel[MAX_SPATIAL - self.rank..]
+    }
+
+    /// Steps between windows.
+    pub fn stride(&self) -> &[usize] {
+        &self.stride[MAX_SPATIAL - self.rank..]
+    }
+
+    /// Steps between the window's taps (1: adjacent).
+    pub fn dilation(&self) -> &[usize] {
+        &self.dilation[MAX_SPATIAL - self.rank..]
+    }
+
+    /// Zeros before the input, per dimension.
+    pub fn pad(&self) -> &[usize] {
+        &self.pad[MAX_SPATIAL - self.rank..]
+    }
+
+    /// The output's spatial size.
+    pub fn output(&self) -> &[usize] {
+        &self.output[MAX_SPATIAL - self.rank..]
+    }
+
+    /// Output positions per image (the product of [`output`](Window::output)).
+    pub fn positions(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    /// Input positions per image.
+    fn input_positions(&self) -> usize {
+        self.input.iter().product()
+    }
+
+    /// Elements of one patch per channel (the product of [`kernel`](Window::kernel)).
+    pub fn taps(&self) -> usize {
+        self.kernel.iter().product()
     }
 
     /// True when no tap of any window falls outside the input (no padding on either side).
     pub fn all_taps_inside(&self) -> bool {
-        (0..2).all(|d| {
+        (0..MAX_SPATIAL).all(|d| {
             self.pad[d] == 0
                 && self.output[d] > 0
                 && (self.output[d] - 1) * self.stride[d] + (self.kernel[d] - 1) * self.dilation[d]
@@ -97,91 +168,115 @@ impl Window2d {
         })
     }
 
-    /// Elements of one patch per channel (`kh * kw`).
-    pub fn taps(&self) -> usize {
-        self.kernel[0] * self.kernel[1]
-    }
-
-    /// Calls `f(tap, iy, ix)` for every tap of output position `(y, x)` that falls inside
-    /// the input, in patch order (`tap = ki * kw + kj`), with the input row and column it
+    /// Calls `f(tap, at)` for every tap of output position `position` (flat, within one
+    /// image) that falls inside the input, in patch order, with the flat input position it
     /// reads: the one walk of a window that im2col, col2im and max pooling share.
     #[inline]
-    fn for_each_tap(&self, y: usize, x: usize, mut f: impl FnMut(usize, usize, usize)) {
-        for ki in 0..self.kernel[0] {
-            let Some(iy) = self.source(0, y, ki) else {
-                continue;
-            };
-            for kj in 0..self.kernel[1] {
-                if let Some(ix) = self.source(1, x, kj) {
-                    f(ki * self.kernel[1] + kj, iy, ix);
+    fn for_each_tap(&self, position: usize, mut f: impl FnMut(usize, usize)) {
+        let [_, o1, o2] = self.output;
+        let o = [position / (o1 * o2), position / o2 % o1, position % o2];
+        let [r0, r1, r2] = [0, 1, 2].map(|d| self.taps_inside(d, o[d]));
+        let [_, k1, k2] = self.kernel;
+        let [_, i1, i2] = self.input;
+        for t0 in r0 {
+            let s0 = self.source(0, o[0], t0);
+            for t1 in r1.clone() {
+                let s1 = s0 * i1 + self.source(1, o[1], t1);
+                let tap1 = t0 * k1 + t1;
+                for t2 in r2.clone() {
+                    f(tap1 * k2 + t2, s1 * i2 + self.source(2, o[2], t2));
                 }
             }
         }
     }
 
-    /// The input row (or column, `d = 1`) that tap `k` of output position `o` reads, if it
-    /// is inside the input.
-    fn source(&self, d: usize, o: usize, k: usize) -> Option<usize> {
-        (o * self.stride[d] + k * self.dilation[d])
-            .checked_sub(self.pad[d])
-            .filter(|&i| i < self.input[d])
+    /// The taps `k` of dimension `d` that output index `o` reads inside the input.
+    #[inline]
+    fn taps_inside(&self, d: usize, o: usize) -> Range<usize> {
+        let start = o * self.stride[d];
+        let dil = self.dilation[d];
+        let first = self.pad[d].saturating_sub(start).div_ceil(dil);
+        let end = (self.input[d] + self.pad[d])
+            .saturating_sub(start)
+            .div_ceil(dil)
+            .min(self.kernel[d]);
+        first..end.max(first)
+    }
+
+    /// The input index of dimension `d` that tap `k` of output index `o` reads (inside the
+    /// input: `k` from [`taps_inside`](Window::taps_inside)).
+    #[inline]
+    fn source(&self, d: usize, o: usize, k: usize) -> usize {
+        o * self.stride[d] + k * self.dilation[d] - self.pad[d]
+    }
+
+    /// `[n, d1, .., dk, c]` for spatial dimensions `spatial`.
+    fn dims(n: usize, spatial: &[usize], c: usize) -> Vec<usize> {
+        let mut dims = Vec::with_capacity(spatial.len() + 2);
+        dims.push(n);
+        dims.extend_from_slice(spatial);
+        dims.push(c);
+        dims
     }
 }
 
 impl Tensor {
-    /// The patches of `window` over this `[n, h, w, c]` tensor: `[n, oh, ow, kh * kw * c]`,
-    /// zeros where a tap falls outside the input. Any dtype (patches are copies).
-    pub fn im2col(&self, window: &Window2d) -> Result<Tensor> {
+    /// The patches of `window` over this `[n, d1, .., dk, c]` tensor: `[n, o1, .., ok,
+    /// taps * c]`, zeros where a tap falls outside the input. Any dtype (patches are
+    /// copies).
+    pub fn im2col(&self, window: &Window) -> Result<Tensor> {
         let op = "im2col";
-        let [n, c] = check_nhwc(op, self, window.input)?;
+        let [n, c] = check_channels_last(op, self, window)?;
         if !self.device().is_cpu() {
             return Err(on_device(op, self));
         }
         let x = self.contiguous()?;
         let size = x.dtype().size_in_bytes();
-        let [oh, ow] = window.output;
+        let positions = window.positions();
         let row = window.taps() * c;
         // When every tap is inside the input, every byte gets written.
         let mut out = if window.all_taps_inside() {
-            Buffer::alloc(x.dtype(), n * oh * ow * row, x.device())?
+            Buffer::alloc(x.dtype(), n * positions * row, x.device())?
         } else {
-            Buffer::zeros(x.dtype(), n * oh * ow * row, x.device())?
+            Buffer::zeros(x.dtype(), n * positions * row, x.device())?
         };
         let src = &x.buffer().as_bytes()?[x.layout().offset() * size..];
         let dst = out.as_bytes_mut()?;
-        let [h, w] = window.input;
+        let image = window.input_positions();
         let run = c * size;
         let fill = |first: usize, patches: &mut [u8]| {
             for (q, patch) in patches.chunks_exact_mut(row * size).enumerate() {
                 let p = first + q;
-                let (b, rest) = (p / (oh * ow), p % (oh * ow));
-                let (y, xo) = (rest / ow, rest % ow);
-                window.for_each_tap(y, xo, |tap, iy, ix| {
-                    let from = ((b * h + iy) * w + ix) * run;
+                let (b, position) = (p / positions, p % positions);
+                window.for_each_tap(position, |tap, at| {
+                    let from = (b * image + at) * run;
                     let to = tap * run;
                     patch[to..to + run].copy_from_slice(&src[from..from + run]);
                 });
             }
         };
         split_rows(dst, row * size, &fill);
-        Tensor::from_buffer(out, &[n, oh, ow, row])
+        Tensor::from_buffer(out, &Window::dims(n, window.output(), row))
     }
 
-    /// The adjoint of [`im2col`](Tensor::im2col): this `[n, oh, ow, kh * kw * c]` tensor of
-    /// patch values summed back into an `[n, h, w, c]` input (float dtypes; 16-bit floats
-    /// sum in f32 and round once).
-    pub fn col2im(&self, window: &Window2d, channels: usize) -> Result<Tensor> {
+    /// The adjoint of [`im2col`](Tensor::im2col): this `[n, o1, .., ok, taps * c]` tensor of
+    /// patch values summed back into an `[n, d1, .., dk, c]` input (float dtypes; 16-bit
+    /// floats sum in f32 and round once).
+    pub fn col2im(&self, window: &Window, channels: usize) -> Result<Tensor> {
         let op = "col2im";
-        let [oh, ow] = window.output;
         let row = window.taps() * channels;
         let dims = self.dims();
-        if dims.len() != 4 || dims[1..] != [oh, ow, row] {
+        if dims.len() != window.rank() + 2
+            || dims[1..=window.rank()] != *window.output()
+            || dims[dims.len() - 1] != row
+        {
             return Err(TensorError::Invalid {
                 op,
                 msg: format!(
-                    "expected patches [n, {oh}, {ow}, {row}] of a {:?} window over {channels} \
+                    "expected patches {:?} with n first of a {:?} window over {channels} \
                      channels",
-                    window.kernel
+                    Window::dims(0, window.output(), row)[1..].to_vec(),
+                    window.kernel()
                 ),
                 shape: *self.shape(),
             });
@@ -197,14 +292,14 @@ impl Tensor {
 }
 
 impl Tensor {
-    /// The largest tap of each `window` over this `[n, h, w, c]` tensor, per channel
-    /// (`[n, oh, ow, c]`), and where it is: the flat index into this tensor of each output's
-    /// winner (i64, the first of equal maxima; a NaN wins, as every max of mirra's), for the
-    /// gradient (`g.scatter_add(0, argmax, ...)` over the flattened input). Taps outside the
-    /// input (`same` padding) never win.
-    pub fn max_pool2d(&self, window: &Window2d) -> Result<(Tensor, Tensor)> {
-        let op = "max_pool2d";
-        let [n, c] = check_nhwc(op, self, window.input)?;
+    /// The largest tap of each `window` over this `[n, d1, .., dk, c]` tensor, per channel
+    /// (`[n, o1, .., ok, c]`), and where it is: the flat index into this tensor of each
+    /// output's winner (i64, the first of equal maxima; a NaN wins, as every max of
+    /// mirra's), for the gradient (`g.scatter_add(0, argmax, ...)` over the flattened
+    /// input). Taps outside the input (`same` padding) never win.
+    pub fn max_pool(&self, window: &Window) -> Result<(Tensor, Tensor)> {
+        let op = "max_pool";
+        let [n, c] = check_channels_last(op, self, window)?;
         if !self.device().is_cpu() {
             return Err(on_device(op, self));
         }
@@ -216,24 +311,23 @@ impl Tensor {
 
 fn max_pool_kernel<T: FloatElement>(
     x: &Tensor,
-    window: &Window2d,
+    window: &Window,
     n: usize,
     c: usize,
 ) -> Result<(Tensor, Tensor)> {
-    let [h, w] = window.input;
-    let [oh, ow] = window.output;
+    let image = window.input_positions();
+    let positions = window.positions();
     let src = x.as_slice::<T>()?;
-    let mut argmax = vec![-1i64; n * oh * ow * c];
+    let mut argmax = vec![-1i64; n * positions * c];
     // Images split between threads; per output position, the winner of each channel.
-    split_rows(&mut argmax, oh * ow * c, &|first, images: &mut [i64]| {
+    split_rows(&mut argmax, positions * c, &|first, images: &mut [i64]| {
         let mut best = vec![<T::Acc as Element>::from_f64(0.0); c];
         for (q, out) in images.chunks_exact_mut(c.max(1)).enumerate() {
-            let p = first * oh * ow + q;
-            let (b, rest) = (p / (oh * ow), p % (oh * ow));
-            let (y, xo) = (rest / ow, rest % ow);
+            let p = first * positions + q;
+            let (b, position) = (p / positions, p % positions);
             let mut seen = false;
-            window.for_each_tap(y, xo, |_, iy, ix| {
-                let base = ((b * h + iy) * w + ix) * c;
+            window.for_each_tap(position, |_, at| {
+                let base = (b * image + at) * c;
                 let taps = &src[base..base + c];
                 if !seen {
                     for (ch, (bv, o)) in best.iter_mut().zip(out.iter_mut()).enumerate() {
@@ -260,36 +354,36 @@ fn max_pool_kernel<T: FloatElement>(
     });
     if argmax.contains(&-1) {
         return Err(TensorError::Invalid {
-            op: "max_pool2d",
+            op: "max_pool",
             msg: "a window with no tap inside the input".into(),
             shape: *x.shape(),
         });
     }
     let values: Vec<T> = argmax.iter().map(|&i| src[i as usize]).collect();
+    let dims = Window::dims(n, window.output(), c);
     Ok((
-        Tensor::from_vec(values, &[n, oh, ow, c], x.device())?,
-        Tensor::from_vec(argmax, &[n, oh, ow, c], x.device())?,
+        Tensor::from_vec(values, &dims, x.device())?,
+        Tensor::from_vec(argmax, &dims, x.device())?,
     ))
 }
 
 fn col2im_kernel<T: FloatElement>(
     cols: &Tensor,
-    window: &Window2d,
+    window: &Window,
     n: usize,
     c: usize,
 ) -> Result<Tensor> {
-    let [h, w] = window.input;
-    let [oh, ow] = window.output;
+    let image = window.input_positions() * c;
+    let positions = window.positions();
     let row = window.taps() * c;
     let src = cols.as_slice::<T>()?;
-    let mut acc = vec![<T::Acc as Element>::from_f64(0.0); n * h * w * c];
+    let mut acc = vec![<T::Acc as Element>::from_f64(0.0); n * image];
     // One image's patches add into that image alone: images split between threads.
-    let image = |b: usize, acc: &mut [T::Acc]| {
-        let patches = &src[b * oh * ow * row..(b + 1) * oh * ow * row];
-        for (rest, patch) in patches.chunks_exact(row).enumerate() {
-            let (y, xo) = (rest / ow, rest % ow);
-            window.for_each_tap(y, xo, |tap, iy, ix| {
-                let at = (iy * w + ix) * c;
+    let one_image = |b: usize, acc: &mut [T::Acc]| {
+        let patches = &src[b * positions * row..(b + 1) * positions * row];
+        for (position, patch) in patches.chunks_exact(row).enumerate() {
+            window.for_each_tap(position, |tap, at| {
+                let at = at * c;
                 let from = tap * c;
                 for (a, &v) in acc[at..at + c].iter_mut().zip(&patch[from..from + c]) {
                     *a = *a + v.to_acc();
@@ -297,15 +391,14 @@ fn col2im_kernel<T: FloatElement>(
             });
         }
     };
-    split_rows(&mut acc, h * w * c, &|first, images: &mut [T::Acc]| {
-        for (i, one) in images.chunks_exact_mut((h * w * c).max(1)).enumerate() {
-            image(first + i, one);
+    split_rows(&mut acc, image, &|first, images: &mut [T::Acc]| {
+        for (i, one) in images.chunks_exact_mut(image.max(1)).enumerate() {
+            one_image(first + i, one);
         }
     });
     let out: Vec<T> = acc.into_iter().map(T::from_acc).collect();
-    Tensor::from_vec(out, &[n, h, w, c], cols.device())
+    Tensor::from_vec(out, &Window::dims(n, window.input(), c), cols.device())
 }
-
 /// Elements moved below which a loop stays on the calling thread (waking a parked pool
 /// thread costs 0.1-0.8 ms on the development machines).
 const PARALLEL_MIN: usize = 1 << 20;
@@ -329,17 +422,19 @@ fn split_rows<E: Send>(data: &mut [E], row: usize, f: &(dyn Fn(usize, &mut [E]) 
     });
 }
 
-/// `[n, c]` of an `[n, h, w, c]` tensor whose height and width are `hw`.
-fn check_nhwc(op: &'static str, x: &Tensor, hw: [usize; 2]) -> Result<[usize; 2]> {
+/// `[n, c]` of an `[n, d1, .., dk, c]` tensor whose spatial size is `window`'s input.
+fn check_channels_last(op: &'static str, x: &Tensor, window: &Window) -> Result<[usize; 2]> {
     let d = x.dims();
-    if d.len() != 4 || d[1..3] != hw {
+    let spatial = window.input();
+    if d.len() != spatial.len() + 2 || d[1..=spatial.len()] != *spatial {
+        let sizes: Vec<String> = spatial.iter().map(|s| s.to_string()).collect();
         return Err(TensorError::Invalid {
             op,
-            msg: format!("expected [n, {}, {}, c] (channels last)", hw[0], hw[1]),
+            msg: format!("expected [n, {}, c] (channels last)", sizes.join(", ")),
             shape: *x.shape(),
         });
     }
-    Ok([d[0], d[3]])
+    Ok([d[0], d[d.len() - 1]])
 }
 
 fn on_device(op: &'static str, x: &Tensor) -> TensorError {
@@ -358,8 +453,12 @@ mod tests {
     use super::*;
     use crate::Device;
 
-    fn window(input: [usize; 2], k: usize, s: usize, d: usize, p: Padding) -> Window2d {
-        Window2d::new(input, [k, k], [s, s], [d, d], p).unwrap()
+    fn window(input: [usize; 2], k: usize, s: usize, d: usize, p: Padding) -> Window {
+        Window::new(&input, &[k, k], &[s, s], &[d, d], p).unwrap()
+    }
+
+    fn geometry(w: &Window) -> (Vec<usize>, Vec<usize>) {
+        (w.output().to_vec(), w.pad().to_vec())
     }
 
     #[test]
@@ -367,55 +466,94 @@ mod tests {
         // valid: floor((h - span) / s) + 1; same: ceil(h / s), the smaller half of the
         // padding first.
         let w = window([28, 28], 3, 1, 1, Padding::Valid);
-        assert_eq!((w.output, w.pad), ([26, 26], [0, 0]));
+        assert_eq!(geometry(&w), (vec![26, 26], vec![0, 0]));
         assert!(w.all_taps_inside());
         // Padding only after the input (bottom, right): no padding before, yet taps outside.
         let w = window([4, 2], 2, 1, 1, Padding::Same);
-        assert_eq!((w.output, w.pad), ([4, 2], [0, 0]));
+        assert_eq!(geometry(&w), (vec![4, 2], vec![0, 0]));
         assert!(!w.all_taps_inside());
         let w = window([28, 28], 3, 2, 1, Padding::Same);
-        assert_eq!((w.output, w.pad), ([14, 14], [0, 0]));
+        assert_eq!(geometry(&w), (vec![14, 14], vec![0, 0]));
         let w = window([7, 7], 3, 1, 1, Padding::Same);
-        assert_eq!((w.output, w.pad), ([7, 7], [1, 1]));
+        assert_eq!(geometry(&w), (vec![7, 7], vec![1, 1]));
         let w = window([8, 8], 4, 1, 1, Padding::Same);
-        assert_eq!((w.output, w.pad), ([8, 8], [1, 1]));
+        assert_eq!(geometry(&w), (vec![8, 8], vec![1, 1]));
         let w = window([9, 9], 3, 1, 2, Padding::Valid);
-        assert_eq!(w.output, [5, 5]);
+        assert_eq!(w.output(), [5, 5]);
+        // One and three spatial dimensions.
+        let w = Window::new(&[10], &[3], &[2], &[1], Padding::Same).unwrap();
+        assert_eq!((w.rank(), geometry(&w)), (1, (vec![5], vec![0])));
+        let w = Window::new(&[8, 6, 5], &[3, 3, 3], &[1, 2, 1], &[1; 3], Padding::Same).unwrap();
+        assert_eq!(geometry(&w), (vec![8, 3, 5], vec![1, 0, 1]));
+        assert_eq!((w.taps(), w.positions()), (27, 120));
         assert!(
-            Window2d::new([2, 2], [3, 3], [1, 1], [1, 1], Padding::Valid)
+            Window::new(&[2, 2], &[3, 3], &[1, 1], &[1, 1], Padding::Valid)
                 .unwrap_err()
                 .contains("does not fit")
         );
-        assert!(Window2d::new([2, 2], [0, 3], [1, 1], [1, 1], Padding::Same).is_err());
+        assert!(Window::new(&[2, 2], &[0, 3], &[1, 1], &[1, 1], Padding::Same).is_err());
+        for bad in [
+            Window::new(&[], &[], &[], &[], Padding::Same),
+            Window::new(&[2; 4], &[1; 4], &[1; 4], &[1; 4], Padding::Same),
+            Window::new(&[4, 4], &[2], &[1, 1], &[1, 1], Padding::Same),
+        ] {
+            assert!(bad.unwrap_err().contains("1 to 3 spatial dimensions"));
+        }
     }
 
-    /// A direct convolution of `[n, h, w, c]` by `[kh, kw, c, f]`, element by element.
-    fn direct(x: &[f64], xd: [usize; 4], k: &[f64], kd: [usize; 4], win: &Window2d) -> Vec<f64> {
-        let [n, h, w, c] = xd;
-        let [kh, kw, _, f] = kd;
-        let [oh, ow] = win.output;
-        let mut out = vec![0.0; n * oh * ow * f];
+    /// A direct convolution of `[n, d, h, w, c]` by `[kd, kh, kw, c, f]`, element by
+    /// element, for windows of 1 to 3 dimensions (fewer: the leading sizes are 1).
+    fn direct(x: &[f64], xd: [usize; 5], k: &[f64], kd: [usize; 5], win: &Window) -> Vec<f64> {
+        let [n, d, h, w, c] = xd;
+        let [k0, k1, k2, _, f] = kd;
+        let lead = 3 - win.rank();
+        let at = |v: &[usize], i: usize, default: usize| {
+            if i < lead {
+                default
+            } else {
+                v[i - lead]
+            }
+        };
+        let (o, s, dil, pad) = (win.output(), win.stride(), win.dilation(), win.pad());
+        let out_dims = [at(o, 0, 1), at(o, 1, 1), at(o, 2, 1)];
+        let mut out = vec![0.0; n * out_dims.iter().product::<usize>() * f];
+        let mut q = 0;
         for b in 0..n {
-            for y in 0..oh {
-                for xo in 0..ow {
-                    for o in 0..f {
-                        let mut s = 0.0;
-                        for i in 0..kh {
-                            for j in 0..kw {
-                                let iy = (y * win.stride[0] + i * win.dilation[0]) as isize
-                                    - win.pad[0] as isize;
-                                let ix = (xo * win.stride[1] + j * win.dilation[1]) as isize
-                                    - win.pad[1] as isize;
-                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
-                                    continue;
-                                }
-                                for ci in 0..c {
-                                    let xv = x[((b * h + iy as usize) * w + ix as usize) * c + ci];
-                                    s += xv * k[((i * kw + j) * c + ci) * f + o];
+            for z in 0..out_dims[0] {
+                for y in 0..out_dims[1] {
+                    for xo in 0..out_dims[2] {
+                        for fo in 0..f {
+                            let mut sum = 0.0;
+                            for i in 0..k0 {
+                                for j in 0..k1 {
+                                    for l in 0..k2 {
+                                        let src = |p: usize, kk: usize, dim: usize| {
+                                            (p * at(s, dim, 1) + kk * at(dil, dim, 1)) as isize
+                                                - at(pad, dim, 0) as isize
+                                        };
+                                        let (iz, iy, ix) =
+                                            (src(z, i, 0), src(y, j, 1), src(xo, l, 2));
+                                        if iz < 0
+                                            || iy < 0
+                                            || ix < 0
+                                            || iz >= d as isize
+                                            || iy >= h as isize
+                                            || ix >= w as isize
+                                        {
+                                            continue;
+                                        }
+                                        let (iz, iy, ix) = (iz as usize, iy as usize, ix as usize);
+                                        for ci in 0..c {
+                                            let xv = x[(((b * d + iz) * h + iy) * w + ix) * c + ci];
+                                            sum +=
+                                                xv * k[(((i * k1 + j) * k2 + l) * c + ci) * f + fo];
+                                        }
+                                    }
                                 }
                             }
+                            out[q] = sum;
+                            q += 1;
                         }
-                        out[((b * oh + y) * ow + xo) * f + o] = s;
                     }
                 }
             }
@@ -423,65 +561,107 @@ mod tests {
         out
     }
 
+    /// `(spatial input, kernel, stride, dilation, padding)` cases of 1, 2 and 3 dimensions.
+    type Case = (Vec<usize>, Vec<usize>, Vec<usize>, Vec<usize>, Padding);
+
+    fn cases() -> Vec<Case> {
+        let sq = |hw: [usize; 2], k: usize, s: usize, d: usize, p: Padding| -> Case {
+            (hw.to_vec(), vec![k, k], vec![s, s], vec![d, d], p)
+        };
+        vec![
+            sq([5, 6], 3, 1, 1, Padding::Valid),
+            sq([5, 6], 3, 2, 1, Padding::Same),
+            sq([7, 7], 3, 1, 2, Padding::Same),
+            sq([6, 5], 2, 2, 1, Padding::Valid),
+            sq([4, 4], 4, 1, 1, Padding::Same),
+            // Padding after the input only (none before): the patches' tail must be zeros.
+            sq([5, 6], 2, 1, 1, Padding::Same),
+            (vec![9], vec![3], vec![2], vec![1], Padding::Same),
+            (
+                vec![4, 5, 3],
+                vec![3, 3, 3],
+                vec![1; 3],
+                vec![1; 3],
+                Padding::Same,
+            ),
+            (
+                vec![5, 4, 6],
+                vec![2, 3, 2],
+                vec![2, 1, 2],
+                vec![1, 1, 2],
+                Padding::Valid,
+            ),
+            (
+                vec![3, 6, 5],
+                vec![1, 3, 3],
+                vec![1, 2, 2],
+                vec![1; 3],
+                Padding::Same,
+            ),
+        ]
+    }
+
+    /// Pads `v` (1 to 3 sizes) to three with leading ones.
+    fn three(v: &[usize]) -> [usize; 3] {
+        let mut out = [1; 3];
+        out[3 - v.len()..].copy_from_slice(v);
+        out
+    }
+
     #[test]
     fn patches_times_the_kernel_are_the_direct_convolution() {
-        for (hw, k, s, d, p) in [
-            ([5, 6], 3, 1, 1, Padding::Valid),
-            ([5, 6], 3, 2, 1, Padding::Same),
-            ([7, 7], 3, 1, 2, Padding::Same),
-            ([6, 5], 2, 2, 1, Padding::Valid),
-            ([4, 4], 4, 1, 1, Padding::Same),
-            // Padding after the input only (none before): the patches' tail must be zeros.
-            ([5, 6], 2, 1, 1, Padding::Same),
-        ] {
+        for (input, k, s, d, p) in cases() {
             let (n, c, f) = (2, 3, 4);
-            let x: Vec<f64> = (0..n * hw[0] * hw[1] * c)
+            let win = Window::new(&input, &k, &s, &d, p).unwrap();
+            let spatial: usize = input.iter().product();
+            let x: Vec<f64> = (0..n * spatial * c)
                 .map(|i| ((i * 37) % 11) as f64 - 5.0)
                 .collect();
-            let kv: Vec<f64> = (0..k * k * c * f)
+            let taps = win.taps();
+            let kv: Vec<f64> = (0..taps * c * f)
                 .map(|i| ((i * 13) % 7) as f64 - 3.0)
                 .collect();
-            let win = window(hw, k, s, d, p);
-            let xt = Tensor::from_slice(&x, &[n, hw[0], hw[1], c], Device::Cpu).unwrap();
-            let kt = Tensor::from_slice(&kv, &[k * k * c, f], Device::Cpu).unwrap();
-            let [oh, ow] = win.output;
+            let xt = Tensor::from_slice(&x, &Window::dims(n, &input, c), Device::Cpu).unwrap();
+            let kt = Tensor::from_slice(&kv, &[taps * c, f], Device::Cpu).unwrap();
+            let positions = win.positions();
             // Recycled memory full of NaN: patches must not depend on what a buffer held.
             let mut junk =
-                Buffer::alloc(crate::DType::F64, n * oh * ow * k * k * c, Device::Cpu).unwrap();
+                Buffer::alloc(crate::DType::F64, n * positions * taps * c, Device::Cpu).unwrap();
             junk.as_mut_slice::<f64>().unwrap().fill(f64::NAN);
             drop(junk);
             let cols = xt.im2col(&win).unwrap();
+            assert_eq!(cols.dims(), Window::dims(n, win.output(), taps * c));
             let got = cols
-                .reshape(&[n * oh * ow, k * k * c])
+                .reshape(&[n * positions, taps * c])
                 .unwrap()
                 .matmul(&kt)
                 .unwrap()
                 .to_vec::<f64>()
                 .unwrap();
-            let want = direct(&x, [n, hw[0], hw[1], c], &kv, [k, k, c, f], &win);
-            assert_eq!(got, want, "{hw:?} k{k} s{s} d{d} {p:?}");
+            let [d0, d1, d2] = three(&input);
+            let [k0, k1, k2] = three(&k);
+            let want = direct(&x, [n, d0, d1, d2, c], &kv, [k0, k1, k2, c, f], &win);
+            assert_eq!(got, want, "{input:?} k{k:?} s{s:?} d{d:?} {p:?}");
         }
     }
 
     #[test]
     fn col2im_is_the_adjoint_of_im2col() {
         // <im2col(x), y> = <x, col2im(y)> for every x, y: the gradient's defining property.
-        for (hw, k, s, d, p) in [
-            ([5, 6], 3, 1, 1, Padding::Same),
-            ([7, 5], 3, 2, 2, Padding::Same),
-            ([6, 6], 2, 2, 1, Padding::Valid),
-        ] {
+        for (input, k, s, d, p) in cases() {
             let (n, c) = (2, 3);
-            let win = window(hw, k, s, d, p);
-            let x: Vec<f64> = (0..n * hw[0] * hw[1] * c)
+            let win = Window::new(&input, &k, &s, &d, p).unwrap();
+            let spatial: usize = input.iter().product();
+            let x: Vec<f64> = (0..n * spatial * c)
                 .map(|i| ((i * 7) % 5) as f64 - 2.0)
                 .collect();
-            let [oh, ow] = win.output;
-            let y: Vec<f64> = (0..n * oh * ow * k * k * c)
+            let row = win.taps() * c;
+            let y: Vec<f64> = (0..n * win.positions() * row)
                 .map(|i| ((i * 3) % 7) as f64 - 3.0)
                 .collect();
-            let xt = Tensor::from_slice(&x, &[n, hw[0], hw[1], c], Device::Cpu).unwrap();
-            let yt = Tensor::from_slice(&y, &[n, oh, ow, k * k * c], Device::Cpu).unwrap();
+            let xt = Tensor::from_slice(&x, &Window::dims(n, &input, c), Device::Cpu).unwrap();
+            let yt =
+                Tensor::from_slice(&y, &Window::dims(n, win.output(), row), Device::Cpu).unwrap();
             let lhs: f64 = xt
                 .im2col(&win)
                 .unwrap()
@@ -491,16 +671,16 @@ mod tests {
                 .zip(&y)
                 .map(|(a, b)| a * b)
                 .sum();
-            let rhs: f64 = yt
-                .col2im(&win, c)
-                .unwrap()
+            let back = yt.col2im(&win, c).unwrap();
+            assert_eq!(back.dims(), xt.dims());
+            let rhs: f64 = back
                 .to_vec::<f64>()
                 .unwrap()
                 .iter()
                 .zip(&x)
                 .map(|(a, b)| a * b)
                 .sum();
-            assert_eq!(lhs, rhs, "{hw:?} k{k} s{s} d{d} {p:?}");
+            assert_eq!(lhs, rhs, "{input:?} k{k:?} s{s:?} d{d:?} {p:?}");
         }
     }
 
@@ -510,7 +690,7 @@ mod tests {
         let x: Vec<f32> = (0..16).flat_map(|i| [i as f32, -(i as f32)]).collect();
         let t = Tensor::from_slice(&x, &[1, 4, 4, 2], Device::Cpu).unwrap();
         let win = window([4, 4], 2, 2, 1, Padding::Valid);
-        let (v, at) = t.max_pool2d(&win).unwrap();
+        let (v, at) = t.max_pool(&win).unwrap();
         assert_eq!(
             v.to_vec::<f32>().unwrap(),
             [5., 0., 7., -2., 13., -8., 15., -10.]
@@ -522,21 +702,29 @@ mod tests {
         let ties =
             Tensor::from_slice(&[1.0f32, 1.0, 1.0, 0.0], &[1, 2, 2, 1], Device::Cpu).unwrap();
         let (_, at) = ties
-            .max_pool2d(&window([2, 2], 2, 2, 1, Padding::Valid))
+            .max_pool(&window([2, 2], 2, 2, 1, Padding::Valid))
             .unwrap();
         assert_eq!(at.to_vec::<i64>().unwrap(), [0]);
         let nan =
             Tensor::from_slice(&[1.0f32, f32::NAN, 3.0, 0.0], &[1, 2, 2, 1], Device::Cpu).unwrap();
         let (v, at) = nan
-            .max_pool2d(&window([2, 2], 2, 2, 1, Padding::Valid))
+            .max_pool(&window([2, 2], 2, 2, 1, Padding::Valid))
             .unwrap();
         assert!(v.to_vec::<f32>().unwrap()[0].is_nan());
         assert_eq!(at.to_vec::<i64>().unwrap(), [1]);
         // `same` padding: padded taps never win, even over negative values.
         let neg = Tensor::from_slice(&[-3.0f32, -1.0, -2.0], &[1, 1, 3, 1], Device::Cpu).unwrap();
-        let win = Window2d::new([1, 3], [1, 2], [1, 2], [1, 1], Padding::Same).unwrap();
-        let (v, _) = neg.max_pool2d(&win).unwrap();
+        let win = Window::new(&[1, 3], &[1, 2], &[1, 2], &[1, 1], Padding::Same).unwrap();
+        let (v, _) = neg.max_pool(&win).unwrap();
         assert_eq!(v.to_vec::<f32>().unwrap(), [-1.0, -2.0]);
+        // 3D: a 2x2x2 cube of 0..8 and its negation; the winner is the last corner.
+        let x: Vec<f32> = (0..8).flat_map(|i| [i as f32, -(i as f32)]).collect();
+        let cube = Tensor::from_slice(&x, &[1, 2, 2, 2, 2], Device::Cpu).unwrap();
+        let win = Window::new(&[2, 2, 2], &[2; 3], &[2; 3], &[1; 3], Padding::Valid).unwrap();
+        let (v, at) = cube.max_pool(&win).unwrap();
+        assert_eq!(v.dims(), &[1, 1, 1, 1, 2]);
+        assert_eq!(v.to_vec::<f32>().unwrap(), [7.0, 0.0]);
+        assert_eq!(at.to_vec::<i64>().unwrap(), [14, 1]);
     }
 
     #[test]
@@ -553,7 +741,12 @@ mod tests {
             crate::set_num_threads(threads);
             let cols = xt.im2col(&win).unwrap();
             let back = cols.col2im(&win, c).unwrap();
-            (cols.to_vec::<f32>().unwrap(), back.to_vec::<f32>().unwrap())
+            let (pooled, _) = xt.max_pool(&win).unwrap();
+            (
+                cols.to_vec::<f32>().unwrap(),
+                back.to_vec::<f32>().unwrap(),
+                pooled.to_vec::<f32>().unwrap(),
+            )
         };
         let one = run(1);
         let two = run(2);
@@ -569,8 +762,11 @@ mod tests {
             e.contains("expected [n, 5, 5, c]") && e.contains("[2, 4, 5, 1]"),
             "{e}"
         );
+        // A 2D window over a 3D input.
+        let x = Tensor::zeros(&[2, 5, 5, 5, 1], crate::DType::F32, Device::Cpu).unwrap();
+        assert!(x.max_pool(&win).is_err());
         let cols = Tensor::zeros(&[2, 3, 3, 8], crate::DType::F32, Device::Cpu).unwrap();
         let e = cols.col2im(&win, 1).unwrap_err().to_string();
-        assert!(e.contains("expected patches [n, 3, 3, 9]"), "{e}");
+        assert!(e.contains("expected patches [3, 3, 9]"), "{e}");
     }
 }

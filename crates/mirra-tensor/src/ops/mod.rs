@@ -11,5 +11,5 @@ mod reduce;
 mod shape_ops;
 mod softmax;
 
-pub use conv::{Padding, Window2d};
+pub use conv::{Padding, Window, MAX_SPATIAL};
 pub use elementwise::{BinaryOp, UnaryOp};
