@@ -445,6 +445,42 @@ mod tests {
         assert!(err(&fortran).contains("Fortran-ordered"));
     }
 
+    /// Every truncation of a file, and the file one byte longer, is an error; every byte
+    /// of it set to each of a few values reads without a panic, and what reads holds no
+    /// more elements than the file has bytes.
+    #[test]
+    fn damaged_files_give_an_error_or_what_they_declare() {
+        let data: Vec<u8> = (0..12i32)
+            .flat_map(|v| (v * 1000 - 5000).to_le_bytes())
+            .collect();
+        let original = npy("<i4", "(3, 4)", &data);
+        let check = |bytes: &[u8]| {
+            if let Ok(t) = read(bytes) {
+                let elems: usize = t.dims().iter().product();
+                assert!(
+                    elems <= bytes.len(),
+                    "{:?} from {} bytes",
+                    t.dims(),
+                    bytes.len()
+                );
+            }
+        };
+        for len in 0..original.len() {
+            assert!(read(&original[..len]).is_err(), "truncated to {len} bytes");
+        }
+        let mut extended = original.clone();
+        extended.push(0);
+        assert!(read(&extended).is_err());
+        for at in 0..original.len() {
+            for value in [0u8, b' ', b'9', b')', b',', b'\'', 0xff] {
+                let mut bytes = original.clone();
+                bytes[at] = value;
+                check(&bytes);
+            }
+        }
+        assert_eq!(read(&original).unwrap().to_vec::<i32>().unwrap()[1], -4000);
+    }
+
     fn npz(path: &Path, entries: &[(&str, Vec<u8>)], method: zip::CompressionMethod) {
         let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
         let options = zip::write::SimpleFileOptions::default().compression_method(method);
