@@ -437,7 +437,7 @@ struct ConvModel {
     /// Epochs at most, the warm-up one included.
     max_epochs: usize,
     /// Also measure the peak resident memory of one epoch of `mirra train` (beside
-    /// PyTorch's, both `ru_maxrss` of the whole process at the same batch).
+    /// PyTorch's, both the process's own `VmHWM` at the same batch).
     cli_memory: bool,
 }
 
@@ -536,7 +536,7 @@ fn conv_section(conv: &ConvModel, a: &Args, threads: usize, rounds: usize, epoch
             &batch,
         ];
         match rss::measure_args(&root, &target, &log, &args) {
-            Ok(run) => mirra_rss = Some(run.ru_maxrss_mib),
+            Ok(run) => mirra_rss = Some(run.peak_mib),
             Err(e) => errors.push(format!("mirra train peak RSS: {e}")),
         }
     }

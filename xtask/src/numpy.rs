@@ -91,7 +91,7 @@ fn python(args: &[&str]) -> std::io::Result<Output> {
         .output()
 }
 
-fn can_import(module: &str) -> bool {
+pub(crate) fn can_import(module: &str) -> bool {
     python(&["-c", &format!("import {module}")]).is_ok_and(|o| o.status.success())
 }
 

@@ -96,9 +96,8 @@ for step in range(steps + 1):
     loss.item()
     if step > 0:
         seconds.append(time.perf_counter() - t)
-import resource
 print(json.dumps({"torch_version": torch.__version__, "params": params, "seconds": seconds,
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
+                  "peak_rss_bytes": peak_rss_bytes()}), flush=True)
 "#;
 
 /// The section: images/s of mirra and PyTorch at `batch`, `steps` timed steps each.

@@ -152,10 +152,8 @@ for b in batches:
         results[str(b)]["peak_device_bytes"] = torch.cuda.max_memory_allocated(dev) - left
         results[str(b)]["cublas_workspace_bytes"] = left
         results[str(b)]["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
-import resource
-peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(), "model": model_name,
-                  "peak_rss_bytes": peak_rss,
+                  "peak_rss_bytes": peak_rss_bytes(),
                   "train_examples": n, "source": source, "device": device,
                   "cublas_workspace_bytes": workspace, "results": results}), flush=True)
 "#;
@@ -196,15 +194,36 @@ pub fn measure_model(
     run_script(SCRIPT, &args, Some(threads)).map_err(|e| format!("{e} (pip install torch)"))
 }
 
+/// Defined before every script [`run_script`] runs: `peak_rss_bytes()`, the process's own
+/// peak resident memory (`VmHWM`), `None` where the kernel does not report it.
+///
+/// Not `ru_maxrss`: on Linux an exec'd process's starts at its parent's high-water mark, so
+/// after xtask had trained ResNet-20 in-process PyTorch's "peak" read xtask's 1,268 MiB
+/// (2026-12-05).
+const PRELUDE: &str = r#"
+def peak_rss_bytes():
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+"#;
+
 /// Runs `script` with `python3 -c` and `args` (with `threads`, as OpenMP's and MKL's thread
-/// counts): the last JSON line it printed ([`last_json_line`]).
+/// counts), [`PRELUDE`] defined: the last JSON line it printed ([`last_json_line`]).
 pub fn run_script(
     script: &str,
     args: &[OsString],
     threads: Option<usize>,
 ) -> Result<Value, String> {
     let mut cmd = Command::new("python3");
-    cmd.arg("-c").arg(script).args(args).stdin(Stdio::null());
+    cmd.arg("-c")
+        .arg(format!("{PRELUDE}{script}"))
+        .args(args)
+        .stdin(Stdio::null());
     if let Some(t) = threads {
         cmd.env("OMP_NUM_THREADS", t.to_string())
             .env("MKL_NUM_THREADS", t.to_string());
@@ -253,6 +272,32 @@ pub fn peak_reserved_bytes(v: &Value, batch: usize) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The peak a script reports is its own: this process touches 256 MiB first, which an
+    /// `ru_maxrss` read in the child would include.
+    #[test]
+    fn a_scripts_peak_is_its_own() {
+        if !crate::numpy::can_import("json") {
+            eprintln!("skipped: python3 is missing");
+            return;
+        }
+        let held = vec![1u8; 256 << 20];
+        let v = run_script(
+            "import json\nprint(json.dumps({'peak': peak_rss_bytes()}))",
+            &[],
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            held.iter()
+                .step_by(4096)
+                .map(|&b| b as usize)
+                .sum::<usize>(),
+            65536
+        );
+        let peak = v["peak"].as_f64().expect("Linux reports VmHWM");
+        assert!(peak > 1e6 && peak < (128 << 20) as f64, "{peak} bytes");
+    }
 
     #[test]
     fn results_are_read_per_batch() {

@@ -2,7 +2,6 @@
 //! that each replica thread of a mirrored strategy can have its own.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use mirra_device::denormals;
 
@@ -36,14 +35,75 @@ fn default_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Applies the subnormal-flushing policy ([`mirra_device::denormals`]) to every thread of
-/// rayon's global pool, where gemm runs a parallel matmul, when the policy changed since
-/// the last time (one atomic read otherwise).
+thread_local! {
+    /// The rayon pool this thread is worker 0 of ([`ensure_rayon_pool`]), kept for the
+    /// thread's life; dropping it at thread exit ends its other workers.
+    static KERNEL_POOL: std::cell::RefCell<Option<rayon::ThreadPool>> =
+        const { std::cell::RefCell::new(None) };
+    /// The subnormal policy generation last applied to this thread's pool.
+    static APPLIED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Makes sure a parallel kernel called from this thread runs on a rayon pool this thread
+/// belongs to, with the subnormal-flushing policy ([`mirra_device::denormals`]) applied
+/// to every one of its threads (one thread-local read once done).
+///
+/// A thread outside any pool becomes worker 0 of a pool of its own with
+/// [`num_threads`] threads (rayon's `use_current_thread`), built the first time. A
+/// parallel region then hands half of its work to the other workers and does the rest
+/// itself, instead of injecting the whole of it into the global pool and sleeping until
+/// the global pool's threads, woken, have finished: on the 2-core development VMs that
+/// round trip of wake-ups cost more than a second thread saved on the MLP's matmuls.
+/// Each replica thread of a mirrored strategy gets its own pool this way, sized by its
+/// own thread budget. The pool keeps the size it was built with: a later
+/// [`set_num_threads`] on this thread splits kernels into that many parts, run by the
+/// pool's workers. Where the pool cannot be built (no thread can be spawned), kernels
+/// run on rayon's global pool, as they did before.
 pub(crate) fn ensure_rayon_pool() {
-    static APPLIED: AtomicU64 = AtomicU64::new(0);
+    if rayon::current_thread_index().is_none() {
+        KERNEL_POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.is_none() {
+                *pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(num_threads())
+                    .thread_name(|i| format!("mirra-kernels-{i}"))
+                    .use_current_thread()
+                    .build()
+                    .ok();
+            }
+        });
+    }
     let generation = denormals::policy_generation();
-    if APPLIED.load(Ordering::Acquire) != generation {
+    if APPLIED.with(Cell::get) != generation {
         rayon::broadcast(|_| denormals::ensure_this_thread());
-        APPLIED.store(generation, Ordering::Release);
+        APPLIED.with(|a| a.set(generation));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread that runs a parallel kernel becomes worker 0 of a pool of its own
+    /// threads, and the policy reaches every one of them.
+    #[test]
+    fn a_kernel_thread_gets_a_pool_of_its_own() {
+        std::thread::spawn(|| {
+            set_num_threads(3);
+            assert_eq!(rayon::current_thread_index(), None);
+            ensure_rayon_pool();
+            assert_eq!(rayon::current_thread_index(), Some(0));
+            assert_eq!(rayon::current_num_threads(), 3);
+            let names: Vec<Option<String>> =
+                rayon::broadcast(|_| std::thread::current().name().map(String::from));
+            assert_eq!(names[1].as_deref(), Some("mirra-kernels-1"));
+            assert_eq!(names[2].as_deref(), Some("mirra-kernels-2"));
+            // Work split in the pool runs on its threads and gives the serial result.
+            use rayon::prelude::*;
+            let total: u64 = (0..100_000u64).into_par_iter().map(|x| x * x).sum();
+            assert_eq!(total, (0..100_000u64).map(|x| x * x).sum());
+        })
+        .join()
+        .unwrap();
     }
 }
