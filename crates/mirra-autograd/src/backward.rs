@@ -111,6 +111,16 @@ pub(crate) fn input_grads(
             map.adjoint(&g)
                 .map_err(|message| AutogradError::Map { message })
         })?,
+        Op::Cast { from } => to(ia, &|| Ok(g.to_dtype(*from)?))?,
+        Op::ChannelMoments { x } => to(ia, &|| Ok(x.channel_moments_backward(&g)?))?,
+        Op::ChannelAffine { x, scale, parts } => {
+            let grads = g.channel_affine_backward(x, scale)?;
+            for (&input, grad) in parts.iter().zip(grads) {
+                if input != NONE {
+                    emit(input, grad)?;
+                }
+            }
+        }
         Op::MaxPool { argmax } => to(ia, &|| {
             // Each output's gradient to its winning input element.
             let (m, total) = (argmax.elem_count(), dims(ia).iter().product::<usize>());

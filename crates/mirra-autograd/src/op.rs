@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mirra_tensor::{Shape, Tensor, UnaryOp, Window};
+use mirra_tensor::{DType, Shape, Tensor, UnaryOp, Window};
 
 use crate::LinearMap;
 
@@ -106,6 +106,21 @@ pub(crate) enum Op {
     Linear {
         map: Arc<dyn LinearMap>,
     },
+    /// A conversion from `from` (mixed precision's casts); the gradient converts back.
+    Cast {
+        from: DType,
+    },
+    /// `[Σx, Σx²]` per channel of a channels-last input `x`.
+    ChannelMoments {
+        x: Tensor,
+    },
+    /// `x * scale + shift` per channel; `parts` are the three inputs' node ids (`NONE` for
+    /// constants).
+    ChannelAffine {
+        x: Tensor,
+        scale: Tensor,
+        parts: [usize; 3],
+    },
 }
 
 impl Op {
@@ -114,6 +129,7 @@ impl Op {
     pub(crate) fn variadic_inputs(&self) -> &[usize] {
         match self {
             Op::Concat { parts, .. } | Op::AddN { parts } => parts,
+            Op::ChannelAffine { parts, .. } => parts,
             _ => &[],
         }
     }

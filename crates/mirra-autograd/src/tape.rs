@@ -143,7 +143,7 @@ fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use mirra_tensor::Device;
+    use mirra_tensor::{DType, Device};
 
     use super::*;
 
@@ -204,6 +204,28 @@ mod tests {
         })
         .unwrap();
         assert_eq!(order, [1, 0]);
+    }
+
+    #[test]
+    fn a_cast_hands_its_gradient_back_in_the_source_dtype() {
+        // An f64 weight used in f32 (as an f32 master weight is used in bf16): the product
+        // rounds in f32, and the gradient arrives in f64, the weight's own dtype.
+        let tape = Tape::new();
+        let w = tape.param(t(&[1.0 + 1e-12, 3.0], &[2]), 0);
+        let w32 = w.to_dtype(DType::F32).unwrap();
+        assert_eq!(w32.value().dtype(), DType::F32);
+        assert_eq!(w32.value().to_vec::<f32>().unwrap(), [1.0, 3.0]);
+        let x = tape.constant(Tensor::from_slice(&[2.0f32, 0.5], &[2], Device::Cpu).unwrap());
+        let loss = w32.mul(&x).unwrap().sum(&[], false).unwrap();
+        let g = tape.backward(&loss).unwrap();
+        let g = g.get(0).unwrap();
+        assert_eq!(g.dtype(), DType::F64);
+        assert_eq!(g.to_vec::<f64>().unwrap(), [2.0, 0.5]);
+        // A cast to the dtype a variable has already records nothing.
+        let before = tape.len();
+        let same = w.to_dtype(DType::F64).unwrap();
+        assert_eq!(tape.len(), before);
+        assert_eq!(same.value().to_vec::<f64>().unwrap(), [1.0 + 1e-12, 3.0]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use mirra_tensor::{BinaryOp, Shape, Tensor, UnaryOp, Window};
+use mirra_tensor::{BinaryOp, DType, Shape, Tensor, UnaryOp, Window};
 
 use crate::op::{Op, NONE};
 use crate::tape::Gradients;
@@ -343,6 +343,48 @@ impl<'t> Var<'t> {
         } else {
             None
         };
+        Ok(Var { tape, id, value })
+    }
+
+    /// This variable converted to `dtype` (itself when it has that dtype already); the
+    /// gradient is converted back, so a weight kept in f32 and computed with in bf16 gets
+    /// an f32 gradient (mixed precision).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Var<'t>> {
+        let from = self.value.dtype();
+        if from == dtype {
+            return Ok(self.clone());
+        }
+        Ok(self.from1(self.value.to_dtype(dtype)?, || Op::Cast { from }))
+    }
+
+    /// `[Σx, Σx²]` per channel of this channels-last `[.., c]` variable (`[2c]`): the
+    /// statistics of batch normalization in one pass.
+    pub fn channel_moments(&self) -> Result<Var<'t>> {
+        let value = self.value.channel_moments()?;
+        Ok(self.from1(value, || Op::ChannelMoments {
+            x: self.value.clone(),
+        }))
+    }
+
+    /// `self * scale + shift` per channel of this `[.., c]` variable, `scale` and `shift`
+    /// of `[c]`: batch normalization's affine map in one pass (and two backward).
+    pub fn channel_affine(&self, scale: &Var<'t>, shift: &Var<'t>) -> Result<Var<'t>> {
+        let tape = self.tape;
+        if !std::ptr::eq(scale.tape, tape) || !std::ptr::eq(shift.tape, tape) {
+            return Err(AutogradError::ForeignTape {
+                op: "channel_affine",
+            });
+        }
+        let value = self.value.channel_affine(&scale.value, &shift.value)?;
+        let parts = [self.id, scale.id, shift.id].map(|id| id.unwrap_or(NONE));
+        let id = (parts != [NONE; 3]).then(|| {
+            let op = Op::ChannelAffine {
+                x: self.value.clone(),
+                scale: scale.value.clone(),
+                parts,
+            };
+            tape.push(op, [NONE, NONE], *value.shape())
+        });
         Ok(Var { tape, id, value })
     }
 

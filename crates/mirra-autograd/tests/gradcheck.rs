@@ -581,6 +581,31 @@ proptest! {
     }
 
     #[test]
+    fn channel_moments(a in arr(dims(), normal()), seed: u64) {
+        check(seed, &[a], |v| v[0].channel_moments())?;
+    }
+
+    #[test]
+    fn channel_affine(
+        (x, scale, shift) in dims().prop_flat_map(|d| {
+            let c = vec![d[d.len() - 1]];
+            (arr(Just(d), normal()), arr(Just(c.clone()), normal()), arr(Just(c), normal()))
+        }),
+        seed: u64,
+    ) {
+        check(seed, &[x, scale, shift], |v| v[0].channel_affine(&v[1], &v[2]))?;
+    }
+
+    #[test]
+    fn channel_affine_of_a_variable_with_itself(
+        (x, shift) in (1usize..=5).prop_flat_map(|c| (arr(Just(vec![c]), normal()), arr(Just(vec![c]), normal()))),
+        seed: u64,
+    ) {
+        // One vector as both input and scale: its gradient accumulates from two parts.
+        check(seed, &[x, shift], |v| v[0].channel_affine(&v[0], &v[1]))?;
+    }
+
+    #[test]
     fn gather((a, ax, index) in gather_operands(), seed: u64) {
         check(seed, &[a], |v| v[0].gather(ax as isize, &index))?;
     }

@@ -1,20 +1,27 @@
 //! A process-wide cache of freed host buffers.
 //!
 //! A training step allocates the same buffer sizes every time. Large buffers come from
-//! `mmap` in the system allocator, so freeing and re-allocating them costs page faults on
-//! every step. Recycling them by exact size makes a warmed-up step allocation-free. The
-//! cache is shared by all threads because buffers often die on another thread than the
-//! one that made them (a prefetch thread makes batches, the training thread drops them);
-//! a per-thread cache would hoard those. The lock is held for a hash lookup only.
+//! `mmap` in the system allocator, so freeing and re-allocating them costs page faults
+//! and zeroing on every step. Recycling them by exact size makes a warmed-up step
+//! allocation-free. The cache is shared by all threads because buffers often die on
+//! another thread than the one that made them (a prefetch thread makes batches, the
+//! training thread drops them); a per-thread cache would hoard those. The lock is held for
+//! a hash lookup only.
+//!
+//! How much it keeps: never more than the process has had in live buffers at its peak
+//! (as PyTorch's caching allocators, it holds what a step needed, not more), so the cache
+//! does not raise the peak resident set; and at least `MIRRA_POOL_BYTES` (default
+//! 256 MiB) when that is more (0 turns the cache off). A network whose step needs a gigabyte (ResNet-20 at batch
+//! 128) would otherwise return most of it to the system and fault it back in every step.
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
 
-/// Bytes the cache keeps at most (`MIRRA_POOL_BYTES`, default 256 MiB).
-fn cache_limit_bytes() -> usize {
-    static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
+/// Bytes the cache may keep whatever the peak (`MIRRA_POOL_BYTES`, default 256 MiB).
+fn cache_floor_bytes() -> usize {
+    static FLOOR: OnceLock<usize> = OnceLock::new();
+    *FLOOR.get_or_init(|| {
         std::env::var("MIRRA_POOL_BYTES")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -22,12 +29,15 @@ fn cache_limit_bytes() -> usize {
     })
 }
 
-/// Freed buffers by length in words, each with the stamp of its return (oldest first).
+/// Freed buffers by length in words, each with the stamp of its return (oldest first),
+/// and the bytes of the buffers handed out and not yet returned.
 #[derive(Default)]
 struct Cache {
     free: HashMap<usize, VecDeque<(u64, Vec<u64>)>>,
     bytes: usize,
     returns: u64,
+    live: usize,
+    peak_live: usize,
 }
 
 impl Cache {
@@ -38,18 +48,27 @@ impl Cache {
         Some(v)
     }
 
-    /// Caches `v`, evicting the least recently returned buffers while it would not fit
-    /// under `limit` bytes; returns what was evicted (to be freed outside the lock). A
-    /// buffer larger than the limit is returned itself. Keeping the newest, not the
-    /// oldest: after a phase that used other sizes (a benchmark's large matrices, a
-    /// validation pass), the sizes in use now are the ones worth keeping.
-    fn put(&mut self, v: Vec<u64>, limit: usize) -> Vec<Vec<u64>> {
-        let bytes = v.len() * 8;
-        if v.is_empty() || bytes > limit {
-            return vec![v];
+    /// What the cache may hold now: the peak of live bytes less those live now, or
+    /// `floor` if that is more; nothing when `floor` is 0 (the cache turned off, as
+    /// AddressSanitizer runs need).
+    fn limit(&self, floor: usize) -> usize {
+        if floor == 0 {
+            return 0;
         }
+        (self.peak_live - self.live).max(floor)
+    }
+
+    /// Counts `words` more words handed out.
+    fn lend(&mut self, words: usize) {
+        self.live += words * 8;
+        self.peak_live = self.peak_live.max(self.live);
+    }
+
+    /// Evicts the least recently returned buffers until the cache holds at most `limit`
+    /// bytes and `extra` more would fit; returns them (to be freed outside the lock).
+    fn evict(&mut self, extra: usize, limit: usize) -> Vec<Vec<u64>> {
         let mut evicted = Vec::new();
-        while self.bytes + bytes > limit {
+        while self.bytes + extra > limit {
             let oldest = self
                 .free
                 .iter()
@@ -65,6 +84,20 @@ impl Cache {
                 self.free.remove(&w);
             }
         }
+        evicted
+    }
+
+    /// Caches `v`, evicting the least recently returned buffers while it would not fit
+    /// under `limit` bytes; returns what was evicted (to be freed outside the lock). A
+    /// buffer larger than the limit is returned itself. Keeping the newest, not the
+    /// oldest: after a phase that used other sizes (a benchmark's large matrices, a
+    /// validation pass), the sizes in use now are the ones worth keeping.
+    fn put(&mut self, v: Vec<u64>, limit: usize) -> Vec<Vec<u64>> {
+        let bytes = v.len() * 8;
+        if v.is_empty() || bytes > limit {
+            return vec![v];
+        }
+        let evicted = self.evict(bytes, limit);
         self.returns += 1;
         self.bytes += bytes;
         self.free
@@ -107,7 +140,20 @@ pub(crate) fn take(words: usize) -> Vec<u64> {
     if words == 0 {
         return Vec::new();
     }
-    let recycled = cache().pop(words);
+    let (recycled, evicted) = {
+        let mut c = cache();
+        let recycled = c.pop(words);
+        c.lend(words);
+        // A new allocation may have lowered what the cache may hold.
+        let evicted = if recycled.is_none() {
+            let limit = c.limit(cache_floor_bytes());
+            c.evict(0, limit)
+        } else {
+            Vec::new()
+        };
+        (recycled, evicted)
+    };
+    drop(evicted); // freed after the lock is released
     let _ = STATS.try_with(|s| {
         let mut st = s.get();
         if recycled.is_some() {
@@ -120,10 +166,15 @@ pub(crate) fn take(words: usize) -> Vec<u64> {
     recycled.unwrap_or_else(|| vec![0u64; words])
 }
 
-/// Return a vector to the cache; the least recently returned buffers are freed when the
-/// cache would hold more than its limit.
+/// Return a vector that [`take`] handed out to the cache; the least recently returned
+/// buffers are freed when the cache would hold more than its limit.
 pub(crate) fn give(v: Vec<u64>) {
-    let evicted = cache().put(v, cache_limit_bytes());
+    let evicted = {
+        let mut c = cache();
+        c.live -= (v.len() * 8).min(c.live);
+        let limit = c.limit(cache_floor_bytes());
+        c.put(v, limit)
+    };
     drop(evicted); // freed after the lock is released
 }
 
@@ -170,5 +221,57 @@ mod tests {
         c.put(vec![6; 10], 100 * 8);
         c.put(vec![7; 10], 100 * 8);
         assert_eq!(c.pop(10).unwrap()[0], 7);
+    }
+
+    #[test]
+    fn the_cache_holds_up_to_the_peak_of_live_bytes_and_no_more() {
+        let mut c = Cache::default();
+        let floor = 10 * 8;
+        // A step that needs 100 words at once: 40, 30 and 30 live together.
+        c.lend(40);
+        c.lend(30);
+        c.lend(30);
+        assert_eq!((c.live, c.peak_live), (800, 800));
+        assert_eq!(c.limit(floor), floor, "all of the peak is live");
+        // Returned one by one, all three are kept: held bytes never pass the peak.
+        for words in [40, 30, 30] {
+            c.live -= words * 8;
+            let limit = c.limit(floor);
+            assert!(c.put(vec![0; words], limit).is_empty());
+            assert!(c.bytes + c.live <= c.peak_live);
+        }
+        assert_eq!(c.bytes, 800);
+        // The next step takes them again: every request is served from the cache.
+        for words in [40, 30, 30] {
+            assert!(c.pop(words).is_some());
+            c.lend(words);
+        }
+        assert_eq!(c.bytes, 0);
+        // With the fixed floor alone (the old policy) the 100 words would not fit.
+        let mut old = Cache::default();
+        let evicted: usize = [40, 30, 30]
+            .into_iter()
+            .map(|w| old.put(vec![0; w], floor).len())
+            .sum();
+        assert_eq!(evicted, 3, "each buffer is larger than the floor");
+    }
+
+    #[test]
+    fn a_new_peak_evicts_what_the_cache_held_beyond_it() {
+        let mut c = Cache::default();
+        let floor = 8;
+        c.lend(50);
+        c.live -= 50 * 8;
+        assert!(c.put(vec![0; 50], c.limit(floor)).is_empty());
+        // A request of another size: live 60 words now equals the peak, so nothing may
+        // stay cached above the floor.
+        assert!(c.pop(60).is_none());
+        c.lend(60);
+        let evicted = c.evict(0, c.limit(floor));
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(c.bytes, 0);
+        // A floor of 0 turns the cache off whatever the peak.
+        c.live = 0;
+        assert_eq!(c.limit(0), 0);
     }
 }

@@ -9,7 +9,7 @@ use mirra_autograd::Var;
 use mirra_tensor::init::Initializer;
 use mirra_tensor::{Padding, Window};
 
-use crate::{Activation, ForwardCtx, Layer, NnError, ParamSpec, Result};
+use crate::{Activation, Autocast, ForwardCtx, Layer, NnError, ParamSpec, Result};
 
 /// The layer kind of a `D`-dimensional layer family: `conv` and 2 give `conv2d`.
 pub(crate) fn kind_of<const D: usize>(family: &'static [&'static str; 3]) -> &'static str {
@@ -125,6 +125,11 @@ impl<const D: usize> Conv<D> {
 }
 
 impl<const D: usize> Layer for Conv<D> {
+    fn autocast(&self) -> Autocast {
+        // Patches times the kernel: the policy's 16-bit dtype.
+        Autocast::Lower
+    }
+
     fn kind(&self) -> &'static str {
         kind_of::<D>(&KINDS)
     }

@@ -5,6 +5,7 @@ use mirra_autograd::{LinearMap, Var};
 use mirra_tensor::init::Initializer;
 use mirra_tensor::{DType, Tensor};
 
+use crate::policy::Autocast;
 use crate::{NnError, Result};
 
 /// What a layer's variable is for, which decides who changes it.
@@ -153,6 +154,12 @@ pub trait Layer: Send + Sync + fmt::Debug + LayerClone {
     /// the layer's input depends on a trainable weight, as the tape calls them).
     fn backward_without_examples(&self, _ctx: &mut ForwardCtx<'_>) -> Result<()> {
         Ok(())
+    }
+
+    /// The dtype this layer computes in under a mixed precision policy
+    /// ([`crate::policy`]): the inputs' by default.
+    fn autocast(&self) -> Autocast {
+        Autocast::Follow
     }
 
     /// For a layer that ends in a softmax, its input (the logits): a model uses them to

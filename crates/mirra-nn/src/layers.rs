@@ -3,7 +3,7 @@
 use mirra_autograd::Var;
 use mirra_tensor::init::{bernoulli_rows, mix, Initializer};
 
-use crate::{Activation, ForwardCtx, Layer, NnError, ParamSpec, Result};
+use crate::{Activation, Autocast, ForwardCtx, Layer, NnError, ParamSpec, Result};
 
 /// A fully connected layer, `activation(x · kernel + bias)`, as Keras's `Dense`: a
 /// Glorot-uniform kernel of shape `[in, units]` and a zero bias.
@@ -58,6 +58,11 @@ impl Dense {
 }
 
 impl Layer for Dense {
+    fn autocast(&self) -> Autocast {
+        // A matrix product: the policy's 16-bit dtype.
+        Autocast::Lower
+    }
+
     fn kind(&self) -> &'static str {
         "dense"
     }

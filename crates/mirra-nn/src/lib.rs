@@ -17,6 +17,7 @@ mod merge;
 pub mod metrics;
 mod network;
 mod normalization;
+mod policy;
 mod pooling;
 pub mod scope;
 
@@ -34,6 +35,7 @@ pub use metrics::{Accuracy, Mean, Metric, Overlap, OverlapScore};
 pub use mirra_tensor::Padding;
 pub use network::{ModelOutput, Network, Sequential};
 pub use normalization::BatchNormalization;
+pub use policy::{Autocast, Policy};
 pub use pooling::{
     AveragePooling, AveragePooling1D, AveragePooling2D, AveragePooling3D, GlobalAveragePooling,
     GlobalAveragePooling1D, GlobalAveragePooling2D, GlobalAveragePooling3D, MaxPooling,

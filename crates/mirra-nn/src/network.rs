@@ -6,6 +6,7 @@ use mirra_tensor::init::{rng, Rng};
 use mirra_tensor::{DType, Device, Tensor};
 
 use crate::graph::{Graph, Symbol};
+use crate::policy::{self, Policy};
 use crate::{Examples, ForwardCtx, Layer, NnError, Result, Role};
 
 /// A model: layers, what each is applied to, and every variable they own.
@@ -44,6 +45,8 @@ pub struct Network {
     /// The sum across the replicas of a mirrored strategy, for layers that synchronise
     /// statistics (set by the strategy on each replica's copy).
     cross_replica: Option<Arc<dyn LinearMap>>,
+    /// The dtype policy of layers without one of their own ([`crate::policy`]).
+    policy: Policy,
 }
 
 /// New values of layers' state: each layer's range in [`Network::state`] and its values
@@ -64,6 +67,8 @@ struct Node {
     params: Range<usize>,
     /// This layer's state in [`Network::state`].
     state: Range<usize>,
+    /// The layer's own dtype policy, if it has one (else the network's).
+    policy: Option<Policy>,
 }
 
 /// The result of a forward pass: the model's output and, when the last layer ends in a
@@ -153,7 +158,38 @@ impl Network {
             built: false,
             scope: None,
             cross_replica: None,
+            policy: Policy::Float32,
         }
+    }
+
+    /// The dtype policy of the layers that have none of their own (Keras's
+    /// `mixed_precision.set_global_policy` for this model): variables keep their dtype,
+    /// matrix products and convolutions compute in the policy's ([`crate::policy`]).
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+    }
+
+    /// The network's dtype policy.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Layer `index`'s own dtype policy (in call order, as [`Network::layer_kinds`] lists
+    /// them; Keras's `dtype=` of one layer), e.g. `float32` for a layer that must not
+    /// compute in 16 bits.
+    pub fn set_layer_policy(&mut self, index: usize, policy: Policy) -> Result<()> {
+        let count = self.nodes.len();
+        let node = self.nodes.get_mut(index).ok_or_else(|| NnError::Config {
+            layer: format!("layer {index}"),
+            msg: format!("the network has {count} layers"),
+        })?;
+        node.policy = Some(policy);
+        Ok(())
+    }
+
+    /// The kind of each layer, in call order.
+    pub fn layer_kinds(&self) -> Vec<&'static str> {
+        self.nodes.iter().map(|n| n.layer.kind()).collect()
     }
 
     /// Create the variables for inputs of shape `input` (without the batch dimension),
@@ -498,9 +534,24 @@ impl Network {
         for (i, node) in self.nodes.iter().enumerate() {
             let xs: Vec<Var<'t>> = node.inputs.iter().map(|&v| values[v].clone()).collect();
             let p = &params[node.params.clone()];
+            // The dtype this layer computes in: its inputs and weights cast to it.
+            let dtypes: Vec<DType> = xs.iter().map(|x| x.value().dtype()).collect();
+            let policy = node.policy.unwrap_or(self.policy);
+            let dtype = policy::compute_dtype(policy, node.layer.autocast(), &dtypes, self.dtype);
+            let cast_params;
+            let (xs, p) = if dtypes.iter().all(|&d| d == dtype)
+                && p.iter().all(|v| v.value().dtype() == dtype)
+            {
+                (xs, p)
+            } else {
+                cast_params = policy::cast_all(p, dtype)?;
+                (policy::cast_all(&xs, dtype)?, &cast_params[..])
+            };
             let mut ctx = self.ctx(node, i, training, examples, sum);
             if i == last {
                 if let Some(logits) = node.layer.forward_logits(&xs[0], p, &mut ctx)? {
+                    // The softmax and the loss in the variables' dtype.
+                    let logits = logits.to_dtype(self.dtype)?;
                     let output = logits.softmax(-1)?;
                     updates.push((node.state.clone(), ctx.new_state));
                     let out = ModelOutput {
@@ -514,7 +565,11 @@ impl Network {
             updates.push((node.state.clone(), ctx.new_state));
             values.push(h);
         }
-        let output = values.pop().expect("the input at least");
+        // The output in the variables' dtype, whatever the last layer computed in.
+        let output = values
+            .pop()
+            .expect("the input at least")
+            .to_dtype(self.dtype)?;
         Ok((
             ModelOutput {
                 output,
@@ -532,6 +587,7 @@ impl Node {
             inputs,
             params: 0..0,
             state: 0..0,
+            policy: None,
         }
     }
 }

@@ -7,7 +7,7 @@ use mirra_autograd::{LinearMap, Tape, Var};
 use mirra_tensor::init::Initializer;
 use mirra_tensor::{DType, Tensor};
 
-use crate::{ForwardCtx, Layer, NnError, ParamSpec, Result, Role};
+use crate::{Autocast, ForwardCtx, Layer, NnError, ParamSpec, Result, Role};
 
 /// Normalises each channel (the last axis) by the batch's mean and variance while
 /// training, and by moving averages of them in inference, then scales by `gamma` and
@@ -110,6 +110,11 @@ fn no_sums(like: &Tensor) -> Result<Tensor> {
 }
 
 impl Layer for BatchNormalization {
+    fn autocast(&self) -> Autocast {
+        // Sums of squares over the batch: f32's range and precision.
+        Autocast::Float32
+    }
+
     fn kind(&self) -> &'static str {
         "batch_normalization"
     }
@@ -154,25 +159,18 @@ impl Layer for BatchNormalization {
         let (gamma, beta) = (&params[0], &params[1]);
         let c = self.channels;
         let tape = x.tape();
+        // y = x · s + (β − μ s), s = γ / √(σ² + ε), as one per-channel affine map (as
+        // PyTorch's CPU kernel computes it): from the moving statistics in inference, from
+        // the batch's in training.
         if !ctx.training {
-            // y = x · s + (β − μ s), s = γ / √(σ² + ε), from the moving statistics.
             let inv = tape.constant(ctx.state[1].affine(1.0, self.epsilon)?.powf(-0.5)?);
             let s = gamma.mul(&inv)?;
             let shift = beta.sub(&tape.constant(ctx.state[0].clone()).mul(&s)?)?;
-            return Ok(x.mul(&s)?.add(&shift)?);
+            return Ok(x.channel_affine(&s, &shift)?);
         }
-        let rank = x.shape().len();
-        let axes: Vec<isize> = (0..rank as isize - 1).collect();
         let count = x.value().elem_count() / c.max(1);
         let count = Tensor::full(&[1], count as f64, x.value().dtype(), x.value().device())?;
-        let local = Var::concat(
-            &[
-                &x.sum(&axes, false)?,
-                &x.square()?.sum(&axes, false)?,
-                &tape.constant(count),
-            ],
-            0,
-        )?;
+        let local = Var::concat(&[&x.channel_moments()?, &tape.constant(count)], 0)?;
         let totals = match self.sync_sum(ctx) {
             Some(sum) => local.linear_map(sum.clone())?,
             None => local,
@@ -180,7 +178,8 @@ impl Layer for BatchNormalization {
         let (mean, var) = batch_stats(&totals, c)?;
         ctx.new_state = self.moving(mean.value(), var.value(), ctx)?;
         let s = gamma.mul(&var.affine(1.0, self.epsilon)?.powf(-0.5)?)?;
-        Ok(x.sub(&mean)?.mul(&s)?.add(beta)?)
+        let shift = beta.sub(&mean.mul(&s)?)?;
+        Ok(x.channel_affine(&s, &shift)?)
     }
 
     fn forward_without_examples(&self, ctx: &mut ForwardCtx<'_>) -> Result<()> {

@@ -47,17 +47,43 @@ pub enum LrSchedule {
     Cosine,
 }
 
+/// `--precision`: Keras's dtype policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Precision {
+    /// Everything in f32.
+    #[value(name = "float32")]
+    Float32,
+    /// Matrix products and convolutions in bfloat16, f32 weights, softmax and loss.
+    #[value(name = "mixed_bfloat16")]
+    MixedBfloat16,
+    /// The same in float16 (needs loss scaling, not built yet: refused).
+    #[value(name = "mixed_float16")]
+    MixedFloat16,
+}
+
+impl Precision {
+    /// The model's dtype policy.
+    pub fn policy(self) -> mirra::nn::Policy {
+        match self {
+            Precision::Float32 => mirra::nn::Policy::Float32,
+            Precision::MixedBfloat16 => mirra::nn::Policy::MixedBfloat16,
+            Precision::MixedFloat16 => mirra::nn::Policy::MixedFloat16,
+        }
+    }
+}
+
 /// Flags of `mirra train`.
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
     /// The model to train: mlp (Flatten, Dense 128, 64, 10: 109,386 parameters), cnn
     /// (Conv2D 32 and 64 of 3x3, each with 2x2 max pooling, Dense 128, 10: 225,034),
     /// resnet20 (the CIFAR ResNet-20: three stages of three residual blocks of 16, 32 and
-    /// 64 filters, batch norm, global average pooling: 272,186), unet (a 2D U-Net of two
-    /// levels, 16 and 32 filters, a bottleneck of 64, skip connections: 118,155; it
+    /// 64 filters, batch norm, global average pooling: 272,186), unet (a 2D U-Net of three
+    /// levels, 16, 32 and 64 filters, a bottleneck of 128, batch norm, skip connections:
+    /// 487,883; it
     /// segments 56x56 canvases of 2 to 4 digits made from the data, each pixel of a digit
     /// labelled with its class, and reports mean_iou and dice over the ten digit classes),
-    /// unet3d (the same in 3D with 8, 16 and 32 filters: 88,603; it segments 32x56x56
+    /// unet3d (the same in 3D with 8, 16, 32 and 64 filters: 365,627; it segments 32x56x56
     /// volumes of digits extruded through 8 to 24 slices, one volume per 8 digits) or
     /// resnet50 (torchvision's ResNet-50, bottleneck blocks: 25,557,032; a throughput run
     /// on synthetic 224x224x3 images of 1000 classes, four batches per epoch, without
@@ -97,6 +123,13 @@ pub struct TrainArgs {
     /// default. Refused on the CPU, which has no TF32.
     #[arg(long)]
     pub tf32: bool,
+    /// Mixed precision (Keras's dtype policies): float32, or mixed_bfloat16 (matrix
+    /// products and convolutions compute in bfloat16 from f32 master weights; batch norm,
+    /// the softmax and the loss stay in f32; weights, gradients and checkpoints are f32).
+    /// mixed_float16 needs loss scaling, which is not built yet: refused. A resumed run
+    /// keeps its precision.
+    #[arg(long, value_enum, default_value_t = Precision::Float32)]
+    pub precision: Precision,
     /// Augment the training images as each batch forms: shifts of up to 2 pixels, up to 10
     /// degrees of rotation, brightness and contrast within 10% (no flip: digits), drawn
     /// from --seed, the epoch and each image's index.

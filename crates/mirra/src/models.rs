@@ -83,8 +83,8 @@ pub fn by_name(name: &str, options: Options) -> Option<Network> {
         "mlp" => Some(mlp_of(options.classes)),
         "cnn" => Some(cnn_of(options.classes)),
         "resnet20" => Some(resnet20(options)),
-        "unet" => Some(unet()),
-        "unet3d" => Some(unet3d()),
+        "unet" => Some(unet(options)),
+        "unet3d" => Some(unet3d(options)),
         "resnet50" => Some(resnet50(options)),
         _ => None,
     }
@@ -145,53 +145,70 @@ fn conv_before_batch_norm(filters: usize, kernel: usize, stride: usize) -> Conv2
         .without_bias()
 }
 
-/// A small 2D U-Net (Ronneberger et al., 2015) for the 56x56 digit canvases: two levels
-/// of two 3x3 `same` convolutions with relu (16, then 32 filters) each followed by 2x2 max
-/// pooling, a bottleneck of two convolutions of 64, and a decoder that upsamples by 2,
-/// concatenates the encoder's output of the same resolution (the skip connection) and
-/// applies two convolutions (32, then 16), ending in a 1x1 convolution to the 11 classes
-/// with a per-pixel softmax. 118,155 parameters.
-pub fn unet() -> Network {
+/// A small 2D U-Net (Ronneberger et al., 2015) for the 56x56 digit canvases: three levels
+/// of two 3x3 `same` convolutions (16, 32, then 64 filters) each followed by 2x2 max
+/// pooling, a bottleneck of two convolutions of 128 at 7x7, and a decoder that upsamples
+/// by 2, concatenates the encoder's output of the same resolution (the skip connection)
+/// and applies two convolutions (64, 32, then 16), ending in a 1x1 convolution to the 11
+/// classes with a per-pixel softmax. Every 3x3 convolution is followed by batch norm and
+/// relu. The three poolings give the bottleneck a receptive field of 68 pixels, more than
+/// a digit's 28: which digit a pixel belongs to needs the whole digit. 487,883
+/// parameters.
+pub fn unet(options: Options) -> Network {
     let side = mirra_data::CANVAS;
-    unet_of::<2>([side, side], [16, 32, 64])
+    unet_of::<2>([side, side], &[16, 32, 64, 128], options)
 }
 
 /// The same U-Net in 3D (Cicek et al., 2016) for the 32x56x56 digit volumes: 3x3x3
-/// convolutions of 8, 16 and 32 filters (half the 2D net's, a 3D voxel costing three times
-/// a pixel's taps), 2x2x2 pooling and upsampling. 88,603 parameters.
-pub fn unet3d() -> Network {
+/// convolutions of 8, 16, 32 and 64 filters (half the 2D net's, a 3D voxel costing three
+/// times a pixel's taps), 2x2x2 pooling and upsampling, batch norm after each
+/// convolution. 365,627 parameters.
+pub fn unet3d(options: Options) -> Network {
     let side = mirra_data::CANVAS;
-    unet_of::<3>([mirra_data::VOLUME_DEPTH, side, side], [8, 16, 32])
+    unet_of::<3>(
+        [mirra_data::VOLUME_DEPTH, side, side],
+        &[8, 16, 32, 64],
+        options,
+    )
 }
 
-/// A U-Net over `D` spatial dimensions of size `input` (one channel): two levels of two
-/// `same` convolutions of 3 per dimension with relu (`filters[0]`, then `filters[1]`), each
-/// followed by pooling of 2, a bottleneck of two convolutions of `filters[2]`, a decoder
-/// that upsamples by 2, concatenates the encoder's output of the same resolution and
-/// applies two convolutions, and a 1-wide convolution to the classes with a softmax.
-fn unet_of<const D: usize>(input: [usize; D], filters: [usize; 3]) -> Network {
-    let conv =
-        |filters: usize| Conv::<D>::new(filters, [3; D], Activation::Relu).padding(Padding::Same);
+/// A U-Net over `D` spatial dimensions of size `input` (one channel), as Cicek et al.
+/// (2016) build theirs: one level per entry of `filters` but the last, each two `same`
+/// convolutions of 3 per dimension (the level's filters) followed by pooling of 2; a
+/// bottleneck of two convolutions of the last entry; a decoder that upsamples by 2,
+/// concatenates the encoder's output of the same resolution and applies two convolutions
+/// per level; and a 1-wide convolution to the classes with a softmax. Each 3-wide
+/// convolution has no bias and is followed by batch norm and relu.
+fn unet_of<const D: usize>(input: [usize; D], filters: &[usize], options: Options) -> Network {
+    let (&bottleneck, levels) = filters.split_last().expect("a bottleneck at least");
     let mut g = Graph::new();
+    let conv_bn_relu = |g: &mut Graph, filters: usize, x: Symbol| {
+        let conv = Conv::<D>::new(filters, [3; D], Activation::Linear)
+            .padding(Padding::Same)
+            .without_bias();
+        let x = g.call(conv, x);
+        let x = g.call(options.batch_norm(), x);
+        g.call(Activation::Relu, x)
+    };
     let mut x = g.input();
     let mut shape = input.to_vec();
     shape.push(1);
     x = g.call(Reshape::new(&shape), x);
     let mut skips = Vec::new();
-    for &f in &filters[..2] {
-        x = g.call(conv(f), x);
-        x = g.call(conv(f), x);
+    for &f in levels {
+        x = conv_bn_relu(&mut g, f, x);
+        x = conv_bn_relu(&mut g, f, x);
         skips.push(x);
         x = g.call(MaxPooling::<D>::new([2; D]), x);
     }
-    x = g.call(conv(filters[2]), x);
-    x = g.call(conv(filters[2]), x);
-    for &f in filters[..2].iter().rev() {
+    x = conv_bn_relu(&mut g, bottleneck, x);
+    x = conv_bn_relu(&mut g, bottleneck, x);
+    for &f in levels.iter().rev() {
         x = g.call(UpSampling::<D>::new([2; D]), x);
         let skip = skips.pop().expect("one skip per level");
         x = g.merge(Concatenate::default(), &[x, skip]);
-        x = g.call(conv(f), x);
-        x = g.call(conv(f), x);
+        x = conv_bn_relu(&mut g, f, x);
+        x = conv_bn_relu(&mut g, f, x);
     }
     let y = g.call(
         Conv::<D>::new(mirra_data::CLASSES, [1; D], Activation::Softmax),

@@ -49,8 +49,8 @@ struct Setting {
 }
 
 /// The run configuration of `args` training `model`: what a checkpoint records and a
-/// resumed run checks. Precision and determinism have no flag yet: recorded now, a run
-/// that changes them the day they arrive is refused.
+/// resumed run checks. Determinism has no flag yet: recorded now, a run that changes it
+/// the day it arrives is refused.
 fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
     let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
     let data = match &args.data {
@@ -98,7 +98,12 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
             on_off(args.sync_batch_norm),
             Refuse,
         ),
-        setting("precision", "precision", "float32".into(), Refuse),
+        setting(
+            "precision",
+            "--precision",
+            args.precision.policy().name().into(),
+            Refuse,
+        ),
         setting("deterministic", "deterministic", on_off(false), Refuse),
         setting(
             "replicas",

@@ -60,6 +60,13 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
                 .into(),
         ));
     }
+    if args.precision == crate::Precision::MixedFloat16 {
+        return Err(Failure::Usage(
+            "--precision mixed_float16: float16 gradients underflow without loss scaling, \
+             which mirra does not have yet; use mixed_bfloat16 (f32's range)"
+                .into(),
+        ));
+    }
     mirra::tensor::set_allow_tf32(args.tf32);
     let replica_count = args.replica_count();
     if args.mirrored() && devices.len() == 1 {
@@ -184,6 +191,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     };
     let mut net = mirra::models::by_name(&args.model, options)
         .ok_or_else(|| Failure::Usage(format!("unknown model '{}'", args.model)))?;
+    net.set_policy(args.precision.policy());
     let (train_n, val_n) = (data.train.len(), data.validation.len());
     // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
     let train = if args.augment {
@@ -235,7 +243,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     };
     print_line(&format!(
         "Training {} ({} parameters) on {train_n} samples, validating on {val_n}; global batch \
-         {}, Adam(lr={lr}{}), {} epochs, seed {}; {placement}",
+         {}, Adam(lr={lr}{}), {} epochs, seed {}{}; {placement}",
         args.model,
         net.num_params(),
         args.batch_size,
@@ -251,6 +259,10 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         },
         args.epochs,
         args.seed,
+        match args.precision {
+            crate::Precision::Float32 => String::new(),
+            p => format!(", precision {}", p.policy()),
+        },
     ));
     let optimizer = match args.lr_schedule {
         LrSchedule::Constant => Box::new(Adam::new(lr)),

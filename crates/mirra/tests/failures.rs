@@ -390,7 +390,7 @@ fn a_resume_refuses_a_changed_setting_and_allows_another_placement() {
         }
     }
     let copied = std::fs::canonicalize(data.path()).unwrap();
-    let cases: [(&[&str], String); 4] = [
+    let cases: [(&[&str], String); 5] = [
         (
             &[&FAST[..], &["--scale-lr"]].concat(),
             written("--scale-lr off, not --scale-lr on"),
@@ -407,6 +407,10 @@ fn a_resume_refuses_a_changed_setting_and_allows_another_placement() {
             &["--seed", "6", "--batch-size", "256"],
             written("--seed 5, not --seed 6"),
         ),
+        (
+            &[&FAST[..], &["--precision", "mixed_bfloat16"]].concat(),
+            written("--precision float32, not --precision mixed_bfloat16"),
+        ),
     ];
     for (settings, needle) in cases {
         let mut args = vec!["train", "--epochs", "2"];
@@ -414,10 +418,10 @@ fn a_resume_refuses_a_changed_setting_and_allows_another_placement() {
         args.extend(settings);
         assert_usage_error(&mirra(&args), &[&needle]);
     }
-    // Precision and determinism have no flag yet: a checkpoint recording others is refused.
+    // Determinism has no flag yet: a checkpoint recording another is refused.
     let other = tempfile::tempdir().unwrap();
     let mut c = Checkpoint::read(&last).unwrap();
-    c.meta.extra.insert("precision".into(), "bfloat16".into());
+    c.meta.extra.insert("deterministic".into(), "on".into());
     c.save(&other.path().join("last.safetensors")).unwrap();
     let out = train(&[
         "--epochs",
@@ -428,7 +432,7 @@ fn a_resume_refuses_a_changed_setting_and_allows_another_placement() {
     ]);
     assert_usage_error(
         &out,
-        &["written with precision bfloat16, not precision float32"],
+        &["written with deterministic on, not deterministic off"],
     );
 
     // Another placement: said, and allowed.

@@ -13,6 +13,7 @@ use std::ops::Range;
 
 use mirra_device::{Buffer, Element, FloatElement};
 
+use crate::threads::split_rows;
 use crate::{match_float_dtype, Result, Tensor, TensorError};
 
 /// How a window covers the input: Keras's `padding`.
@@ -234,18 +235,19 @@ impl Tensor {
         let size = x.dtype().size_in_bytes();
         let positions = window.positions();
         let row = window.taps() * c;
-        // When every tap is inside the input, every byte gets written.
-        let mut out = if window.all_taps_inside() {
-            Buffer::alloc(x.dtype(), n * positions * row, x.device())?
-        } else {
-            Buffer::zeros(x.dtype(), n * positions * row, x.device())?
-        };
+        // Recycled memory: when a window has taps outside the input, its patch is zeroed
+        // first, in cache, by the thread that fills it (not the whole buffer up front).
+        let mut out = Buffer::alloc(x.dtype(), n * positions * row, x.device())?;
+        let padded = !window.all_taps_inside();
         let src = &x.buffer().as_bytes()?[x.layout().offset() * size..];
         let dst = out.as_bytes_mut()?;
         let image = window.input_positions();
         let run = c * size;
         let fill = |first: usize, patches: &mut [u8]| {
             for (q, patch) in patches.chunks_exact_mut(row * size).enumerate() {
+                if padded {
+                    patch.fill(0);
+                }
                 let p = first + q;
                 let (b, position) = (p / positions, p % positions);
                 window.for_each_tap(position, |tap, at| {
@@ -318,11 +320,14 @@ fn max_pool_kernel<T: FloatElement>(
     let image = window.input_positions();
     let positions = window.positions();
     let src = x.as_slice::<T>()?;
-    let mut argmax = vec![-1i64; n * positions * c];
-    // Images split between threads; per output position, the winner of each channel.
-    split_rows(&mut argmax, positions * c, &|first, images: &mut [i64]| {
+    let mut winners = Buffer::alloc(crate::DType::I64, n * positions * c, x.device())?;
+    let argmax = winners.as_mut_slice::<i64>()?;
+    // Images split between threads; per output position, the winner of each channel (-1
+    // until a tap is seen).
+    split_rows(argmax, positions * c, &|first, images: &mut [i64]| {
         let mut best = vec![<T::Acc as Element>::from_f64(0.0); c];
         for (q, out) in images.chunks_exact_mut(c.max(1)).enumerate() {
+            out.fill(-1);
             let p = first * positions + q;
             let (b, position) = (p / positions, p % positions);
             let mut seen = false;
@@ -359,11 +364,14 @@ fn max_pool_kernel<T: FloatElement>(
             shape: *x.shape(),
         });
     }
-    let values: Vec<T> = argmax.iter().map(|&i| src[i as usize]).collect();
+    let mut values = Buffer::alloc(T::DTYPE, argmax.len(), x.device())?;
+    for (v, &i) in values.as_mut_slice::<T>()?.iter_mut().zip(argmax.iter()) {
+        *v = src[i as usize];
+    }
     let dims = Window::dims(n, window.output(), c);
     Ok((
-        Tensor::from_vec(values, &dims, x.device())?,
-        Tensor::from_vec(argmax, &dims, x.device())?,
+        Tensor::from_buffer(values, &dims)?,
+        Tensor::from_buffer(winners, &dims)?,
     ))
 }
 
@@ -377,7 +385,10 @@ fn col2im_kernel<T: FloatElement>(
     let positions = window.positions();
     let row = window.taps() * c;
     let src = cols.as_slice::<T>()?;
-    let mut acc = vec![<T::Acc as Element>::from_f64(0.0); n * image];
+    // Sums in the accumulation type (the output itself for f32 and f64), each image's
+    // zeroed by the thread that sums it.
+    let mut sums = Buffer::alloc(<T::Acc as Element>::DTYPE, n * image, cols.device())?;
+    let acc = sums.as_mut_slice::<T::Acc>()?;
     // One image's patches add into that image alone: images split between threads.
     let one_image = |b: usize, acc: &mut [T::Acc]| {
         let patches = &src[b * positions * row..(b + 1) * positions * row];
@@ -391,37 +402,14 @@ fn col2im_kernel<T: FloatElement>(
             });
         }
     };
-    split_rows(&mut acc, image, &|first, images: &mut [T::Acc]| {
+    split_rows(acc, image, &|first, images: &mut [T::Acc]| {
         for (i, one) in images.chunks_exact_mut(image.max(1)).enumerate() {
+            one.fill(<T::Acc as Element>::from_f64(0.0));
             one_image(first + i, one);
         }
     });
-    let out: Vec<T> = acc.into_iter().map(T::from_acc).collect();
-    Tensor::from_vec(out, &Window::dims(n, window.input(), c), cols.device())
+    Tensor::from_buffer(sums, &Window::dims(n, window.input(), c))?.to_dtype(T::DTYPE)
 }
-/// Elements moved below which a loop stays on the calling thread (waking a parked pool
-/// thread costs 0.1-0.8 ms on the development machines).
-const PARALLEL_MIN: usize = 1 << 20;
-
-/// Runs `f(first_row, rows)` over `data` cut into rows of `row` elements, on this thread's
-/// kernel threads ([`num_threads`](crate::num_threads)) when there is enough to move, each
-/// call with a run of whole rows and the index of its first.
-fn split_rows<E: Send>(data: &mut [E], row: usize, f: &(dyn Fn(usize, &mut [E]) + Sync)) {
-    let threads = crate::num_threads();
-    let rows = data.len() / row.max(1);
-    if threads <= 1 || data.len() < PARALLEL_MIN || rows < 2 {
-        f(0, data);
-        return;
-    }
-    crate::threads::ensure_rayon_pool();
-    let per = rows.div_ceil(threads);
-    rayon::scope(|s| {
-        for (i, part) in data.chunks_mut(per * row).enumerate() {
-            s.spawn(move |_| f(i * per, part));
-        }
-    });
-}
-
 /// `[n, c]` of an `[n, d1, .., dk, c]` tensor whose spatial size is `window`'s input.
 fn check_channels_last(op: &'static str, x: &Tensor, window: &Window) -> Result<[usize; 2]> {
     let d = x.dims();
@@ -451,6 +439,7 @@ fn on_device(op: &'static str, x: &Tensor) -> TensorError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::threads::PARALLEL_MIN;
     use crate::Device;
 
     fn window(input: [usize; 2], k: usize, s: usize, d: usize, p: Padding) -> Window {

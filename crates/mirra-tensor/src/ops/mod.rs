@@ -1,6 +1,7 @@
 //! Tensor operations, one module per family. Each family has one generic kernel that
 //! serves every dtype it supports.
 
+mod channels;
 mod conv;
 mod cuda;
 mod elementwise;
