@@ -53,6 +53,7 @@ mod clip;
 mod cuda;
 mod error;
 mod hyperparams;
+mod loss_scale;
 mod optimizer;
 mod rmsprop;
 mod schedule;
@@ -63,6 +64,7 @@ mod testutil;
 pub use adam::{Adam, AdamW};
 pub use clip::{clip_by_global_norm, global_norm};
 pub use error::OptimError;
+pub use loss_scale::{LossScaleOptimizer, GROWTH_INTERVAL, INITIAL_LOSS_SCALE};
 pub use optimizer::Optimizer;
 pub use rmsprop::RmsProp;
 pub use schedule::{

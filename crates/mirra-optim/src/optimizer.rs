@@ -68,6 +68,13 @@ pub trait Optimizer: Send + fmt::Debug {
     /// mirrored model).
     fn box_clone(&self) -> Box<dyn Optimizer>;
 
+    /// What the loss is multiplied by before backward (and the gradients divided by
+    /// before the update) behind a [`LossScaleOptimizer`](crate::LossScaleOptimizer);
+    /// `None` for an optimizer without loss scaling.
+    fn loss_scale(&self) -> Option<f64> {
+        None
+    }
+
     /// The optimizer's name (`"sgd"`, `"adam"`, `"adamw"`, `"rmsprop"`).
     fn name(&self) -> &'static str;
 

@@ -14,7 +14,7 @@ use mirra_tensor::init::{rng, Rng};
 use mirra_tensor::{DType, Device, Tensor};
 use rand::RngExt as _;
 
-use crate::replicas::{CommStats, Mirrors, Primary};
+use crate::replicas::{scaled_loss, CommStats, Mirrors, Primary};
 use crate::rng_state::RngState;
 use crate::{History, Logs, Result, TrainError};
 
@@ -441,7 +441,9 @@ impl Model {
             let loss = self.loss.compute(&out, y, Reduction::SumOverBatchSize)?;
             drop(forward);
             let _backward = trace::span("compute", "backward");
-            let mut grads = self.tape.backward(&loss)?;
+            let mut grads = self
+                .tape
+                .backward(&scaled_loss(&loss, self.optimizer.as_ref())?)?;
             self.grads.clear();
             for (i, p) in self.net.params().iter().enumerate() {
                 // A parameter the loss does not reach gets a zero gradient, as in Keras.
@@ -588,10 +590,13 @@ impl Model {
     }
 
     /// An error naming the loss or the first weight that is NaN or infinite after the
-    /// update of (0-based) `epoch` and `step`: a scan of every weight.
+    /// update of (0-based) `epoch` and `step`: a scan of every weight. Under loss scaling
+    /// a non-finite loss alone is not an error: its step was skipped (its gradients were
+    /// not finite either) and the scale lowered.
     fn check_finite(&self, loss: f64, epoch: usize, step: usize) -> Result<()> {
         let weight = self.first_non_finite_weight()?;
-        if loss.is_finite() && weight.is_none() {
+        let scaled = self.optimizer.loss_scale().is_some();
+        if (loss.is_finite() || scaled) && weight.is_none() {
             return Ok(());
         }
         let (variable, value) = match (loss.is_finite(), weight) {

@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use mirra_autograd::Tape;
+use mirra_autograd::{Tape, Var};
 use mirra_device::trace;
 use mirra_nn::{Examples, Loss, Network, Reduction, Role};
 use mirra_optim::Optimizer;
@@ -337,6 +337,15 @@ fn is_abort(e: &TrainError) -> bool {
     )
 }
 
+/// The loss backward starts from: multiplied by the optimizer's loss scale under loss
+/// scaling ([`mirra_optim::LossScaleOptimizer`], which divides the gradients by it).
+pub(crate) fn scaled_loss<'t>(loss: &Var<'t>, optimizer: &dyn Optimizer) -> Result<Var<'t>> {
+    Ok(match optimizer.loss_scale() {
+        Some(scale) => loss.scale(scale)?,
+        None => loss.clone(),
+    })
+}
+
 /// One replica's share of a step: its loss part and its output (none without data).
 fn replica_step(
     view: &mut View<'_>,
@@ -368,7 +377,7 @@ fn replica_step(
         let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
         drop(forward);
         let _backward = trace::span("compute", "backward");
-        tape.backward_with(&loss, |key, g| {
+        tape.backward_with(&scaled_loss(&loss, &**optimizer)?, |key, g| {
             reducer.grad_ready(comm, key, g).map_err(|e| e.to_string())
         })?;
         part = (

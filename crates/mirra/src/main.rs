@@ -56,7 +56,7 @@ pub enum Precision {
     /// Matrix products and convolutions in bfloat16, f32 weights, softmax and loss.
     #[value(name = "mixed_bfloat16")]
     MixedBfloat16,
-    /// The same in float16 (needs loss scaling, not built yet: refused).
+    /// The same in float16, with dynamic loss scaling.
     #[value(name = "mixed_float16")]
     MixedFloat16,
 }
@@ -123,11 +123,13 @@ pub struct TrainArgs {
     /// default. Refused on the CPU, which has no TF32.
     #[arg(long)]
     pub tf32: bool,
-    /// Mixed precision (Keras's dtype policies): float32, or mixed_bfloat16 (matrix
-    /// products and convolutions compute in bfloat16 from f32 master weights; batch norm,
-    /// the softmax and the loss stay in f32; weights, gradients and checkpoints are f32).
-    /// mixed_float16 needs loss scaling, which is not built yet: refused. A resumed run
-    /// keeps its precision.
+    /// Mixed precision (Keras's dtype policies): float32, mixed_bfloat16 (matrix products
+    /// and convolutions compute in bfloat16 from f32 master weights; batch norm, the
+    /// softmax and the loss stay in f32; weights, gradients and checkpoints are f32) or
+    /// mixed_float16 (the same in float16, with dynamic loss scaling: the loss times a
+    /// scale from 2^15, halved and the step skipped when the gradients overflow, doubled
+    /// after 2,000 good steps; the scale is saved in checkpoints). A resumed run keeps its
+    /// precision.
     #[arg(long, value_enum, default_value_t = Precision::Float32)]
     pub precision: Precision,
     /// Augment the training images as each batch forms: shifts of up to 2 pixels, up to 10

@@ -60,13 +60,6 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
                 .into(),
         ));
     }
-    if args.precision == crate::Precision::MixedFloat16 {
-        return Err(Failure::Usage(
-            "--precision mixed_float16: float16 gradients underflow without loss scaling, \
-             which mirra does not have yet; use mixed_bfloat16 (f32's range)"
-                .into(),
-        ));
-    }
     mirra::tensor::set_allow_tf32(args.tf32);
     let replica_count = args.replica_count();
     if args.mirrored() && devices.len() == 1 {
@@ -271,6 +264,14 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             let cosine = CosineDecay::new(lr, steps, 0.0).map_err(|e| run_err(&e))?;
             Box::new(Adam::new(lr).with_schedule(Box::new(cosine)))
         }
+    };
+    // float16 gradients underflow below 6e-8: behind dynamic loss scaling, as Keras's
+    // compile wraps the optimizer under a mixed_float16 policy.
+    let optimizer: Box<dyn mirra::optim::Optimizer> = match args.precision {
+        crate::Precision::MixedFloat16 => {
+            Box::new(mirra::optim::LossScaleOptimizer::new(optimizer))
+        }
+        _ => optimizer,
     };
     let loss = Box::new(SparseCategoricalCrossentropy::default());
     let metrics: Vec<Box<dyn Metric>> = match task {

@@ -52,9 +52,19 @@ fn a_killed_mirrored_run_resumed_ends_with_the_bits_of_an_uninterrupted_one() {
     killed_and_resumed(&["--replicas", "2", "--collective", "tree"]);
 }
 
+/// Under mixed_float16 the optimizer is behind loss scaling: the scale and its count of
+/// good steps are in the checkpoint, and come back with it.
+#[test]
+fn a_killed_loss_scaled_run_resumed_ends_with_the_bits_of_an_uninterrupted_one() {
+    let names = killed_and_resumed(&["--precision", "mixed_float16"]);
+    let scale: Vec<&String> = names.iter().filter(|n| n.contains("loss_scale")).collect();
+    assert_eq!(scale.len(), 2, "{names:?}");
+}
+
 /// Kill a 3-epoch run (with `extra` flags) after its first checkpoint, resume it, and
-/// compare its last checkpoint bitwise with an uninterrupted run's.
-fn killed_and_resumed(extra: &[&str]) {
+/// compare its last checkpoint bitwise with an uninterrupted run's; the names of the
+/// checkpoint's tensors.
+fn killed_and_resumed(extra: &[&str]) -> Vec<String> {
     let whole = tempfile::tempdir().unwrap();
     let three = [&SETTINGS[..], &["--epochs", "3"], extra].concat();
     let out = mirra(&three, whole.path());
@@ -110,6 +120,7 @@ fn killed_and_resumed(extra: &[&str]) {
         differ.is_empty(),
         "differ from the uninterrupted run: {differ:?}"
     );
+    names(&tensors)
 }
 
 #[test]
