@@ -34,6 +34,8 @@ struct Slot {
     /// Element offset in the bucket.
     offset: usize,
     dims: Vec<usize>,
+    /// The parameter's dtype, which its reduced gradient is handed out in.
+    dtype: DType,
     ready: bool,
 }
 
@@ -73,11 +75,28 @@ impl GradientReducer {
     /// Buckets for gradients shaped like `params`, each at most `bucket_bytes` (a
     /// parameter larger than that gets a bucket of its own), on the parameters' device.
     pub fn new(params: &[Tensor], bucket_bytes: usize) -> GradientReducer {
+        GradientReducer::with_wire_dtype(params, bucket_bytes, None)
+    }
+
+    /// [`GradientReducer::new`] with the float gradients all-reduced in `wire` (bf16 or
+    /// f16: half the bytes moved, as DDP's compression hooks) and handed out in their
+    /// parameters' dtype again. Each gradient is rounded to `wire` once as it enters its
+    /// bucket; the collective then adds in f32 and rounds every partial sum it stores to
+    /// `wire` (each ring hop; `direct` adds all ranks in one pass and rounds once).
+    pub fn with_wire_dtype(
+        params: &[Tensor],
+        bucket_bytes: usize,
+        wire: Option<DType>,
+    ) -> GradientReducer {
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let mut slots: Vec<Option<Slot>> = (0..params.len()).map(|_| None).collect();
         let mut buckets: Vec<Bucket> = vec![];
         for (i, p) in params.iter().enumerate().rev() {
-            let (dtype, len) = (p.dtype(), p.elem_count());
+            let dtype = match wire {
+                Some(w) if p.dtype().is_float() => w,
+                _ => p.dtype(),
+            };
+            let len = p.elem_count();
             let fits = buckets.last().is_some_and(|b| {
                 b.dtype == dtype && (b.len + len) * dtype.size_in_bytes() <= bucket_bytes
             });
@@ -99,6 +118,7 @@ impl GradientReducer {
                 bucket: b,
                 offset: bucket.len,
                 dims: p.dims().to_vec(),
+                dtype: p.dtype(),
                 ready: false,
             });
             bucket.len += len;
@@ -258,7 +278,9 @@ impl GradientReducer {
             .map(|s| {
                 let whole = self.buckets[s.bucket].reduced.as_ref().expect("reduced");
                 let n = s.dims.iter().product();
-                Ok(whole.narrow(0, s.offset, n)?.reshape(&s.dims)?)
+                // A view of the bucket; a converted copy when it travelled in 16 bits.
+                let g = whole.narrow(0, s.offset, n)?.reshape(&s.dims)?;
+                Ok(g.to_dtype(s.dtype)?)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Some(grads))
@@ -451,6 +473,51 @@ mod tests {
             if replicas <= 2 {
                 // A sum of two is the same in any order: bucketing changes no bit.
                 assert_eq!(whole, split);
+            }
+        }
+    }
+
+    /// Gradients all-reduced in bf16 and f16 come back in f32, within the rounding of
+    /// each gradient to 16 bits and of every partial sum the ring stores (n - 1 hops), of
+    /// the exact sum; and not equal to the f32 all-reduce (the bytes really were 16-bit).
+    #[test]
+    fn gradients_reduced_in_16_bits_come_back_in_f32_within_their_rounding() {
+        for (wire, eps) in [(DType::BF16, 2f64.powi(-8)), (DType::F16, 2f64.powi(-11))] {
+            for replicas in [2, 3, 4] {
+                let s = strategy(replicas, Device::Cpu);
+                let got = s
+                    .run(|ctx| {
+                        let mut red = GradientReducer::with_wire_dtype(&params(), 24, Some(wire));
+                        red.begin(true).unwrap();
+                        for (i, g) in grads(ctx.replica_id, 10).iter().enumerate().rev() {
+                            red.grad_ready(ctx.comm, i, g).unwrap();
+                        }
+                        let g = red.finish(ctx.comm).unwrap().unwrap();
+                        assert!(g.iter().all(|t| t.dtype() == DType::F32));
+                        g.iter()
+                            .map(|t| t.to_vec::<f32>().unwrap())
+                            .collect::<Vec<_>>()
+                    })
+                    .unwrap()
+                    .into_values();
+                for r in &got {
+                    assert_eq!(r, &got[0], "{wire}: replicas differ");
+                }
+                let want = expected(replicas, 1, false);
+                let mut worst = 0f64;
+                for (k, (g, w)) in got[0].iter().zip(&want).enumerate() {
+                    for (j, (a, b)) in g.iter().zip(w).enumerate() {
+                        // Σ |g_r|: the size each rounding is relative to.
+                        let size: f64 = (0..replicas)
+                            .map(|r| grads(r, 10)[k].to_vec::<f32>().unwrap()[j].abs() as f64)
+                            .sum();
+                        let bound = replicas as f64 * eps * size + 1e-30;
+                        let err = (*a as f64 - b).abs();
+                        assert!(err <= bound, "{wire}, {replicas} replicas: {a} vs {b}");
+                        worst = worst.max(err / bound);
+                    }
+                }
+                assert!(worst > 0.0, "{wire}: no rounding at all");
             }
         }
     }

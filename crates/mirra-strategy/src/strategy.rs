@@ -8,7 +8,7 @@ use mirra_collectives::{
     cpu_group, device_group, noop_group, Communicator, Config, ReduceOp, BACKENDS, DEVICE_BACKENDS,
     NOOP,
 };
-use mirra_device::Device;
+use mirra_device::{DType, Device};
 use mirra_nn::Network;
 use mirra_tensor::Tensor;
 
@@ -33,6 +33,10 @@ pub struct StrategyConfig {
     pub collective: String,
     /// Gradient bucket size in bytes (DDP's `bucket_cap_mb`).
     pub bucket_bytes: usize,
+    /// The dtype float gradients are all-reduced in (`None`: their own); bf16 or f16
+    /// moves half the bytes of f32
+    /// ([`GradientReducer::with_wire_dtype`](crate::GradientReducer::with_wire_dtype)).
+    pub gradient_dtype: Option<DType>,
     /// Kernel threads per replica (default: the machine's cores divided among the
     /// replicas, at least one each).
     pub threads_per_replica: Option<usize>,
@@ -48,6 +52,7 @@ impl StrategyConfig {
             devices: Vec::new(),
             collective: "ring".into(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            gradient_dtype: None,
             threads_per_replica: None,
             collectives: Config::default(),
         }
@@ -94,6 +99,13 @@ impl StrategyConfig {
     /// This config with another bucket size.
     pub fn with_bucket_bytes(mut self, bytes: usize) -> StrategyConfig {
         self.bucket_bytes = bytes;
+        self
+    }
+
+    /// All-reduce float gradients in `dtype` (bf16 or f16: half the bytes of f32; f32 or
+    /// f64: as they are). Checked by [`MirroredStrategy::new`].
+    pub fn with_gradient_dtype(mut self, dtype: DType) -> StrategyConfig {
+        self.gradient_dtype = Some(dtype);
         self
     }
 
@@ -183,6 +195,11 @@ impl MirroredStrategy {
                 "the gradient bucket size must be at least 1 byte".into(),
             ));
         }
+        if let Some(d) = config.gradient_dtype.filter(|d| !d.is_float()) {
+            return Err(StrategyError::Invalid(format!(
+                "gradients are all-reduced in a float dtype (bf16, f16, f32, f64), not {d}"
+            )));
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads_per_replica = config
             .threads_per_replica
@@ -216,6 +233,11 @@ impl MirroredStrategy {
     /// The gradient bucket size in bytes.
     pub fn bucket_bytes(&self) -> usize {
         self.config.bucket_bytes
+    }
+
+    /// The dtype float gradients are all-reduced in, if not their own.
+    pub fn gradient_dtype(&self) -> Option<DType> {
+        self.config.gradient_dtype
     }
 
     /// Kernel threads each replica computes with.

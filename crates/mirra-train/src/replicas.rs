@@ -113,7 +113,13 @@ impl Mirrors {
         // Each replica's buckets on its own device.
         let reducers = copies
             .iter()
-            .map(|c| GradientReducer::new(c.params(), strategy.bucket_bytes()))
+            .map(|c| {
+                GradientReducer::with_wire_dtype(
+                    c.params(),
+                    strategy.bucket_bytes(),
+                    strategy.gradient_dtype(),
+                )
+            })
             .collect();
         let mut copies = copies.into_iter();
         let primary = copies.next().expect("a strategy has at least one replica");

@@ -72,6 +72,40 @@ impl Precision {
     }
 }
 
+/// `--allreduce-dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AllReduceDtype {
+    /// The gradients' own dtype.
+    #[value(name = "float32")]
+    Float32,
+    /// bfloat16 (f32's range, 8 bits of mantissa).
+    #[value(name = "bfloat16")]
+    Bfloat16,
+    /// float16 (11 bits of mantissa, up to 65504).
+    #[value(name = "float16")]
+    Float16,
+}
+
+impl AllReduceDtype {
+    /// The dtype on the wire; `None` for the gradients' own.
+    pub fn dtype(self) -> Option<mirra::tensor::DType> {
+        match self {
+            AllReduceDtype::Float32 => None,
+            AllReduceDtype::Bfloat16 => Some(mirra::tensor::DType::BF16),
+            AllReduceDtype::Float16 => Some(mirra::tensor::DType::F16),
+        }
+    }
+
+    /// The flag's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            AllReduceDtype::Float32 => "float32",
+            AllReduceDtype::Bfloat16 => "bfloat16",
+            AllReduceDtype::Float16 => "float16",
+        }
+    }
+}
+
 /// Flags of `mirra train`.
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
@@ -196,6 +230,12 @@ pub struct TrainArgs {
         allow_negative_numbers = true
     )]
     pub bucket_mb: f64,
+    /// The dtype the replicas' gradients are all-reduced in: float32 (as they are), or
+    /// bfloat16 / float16 (half the bytes moved, as DDP's compression hooks: each gradient
+    /// rounded once to 16 bits, each partial sum the collective stores rounded again, the
+    /// additions in f32; the summed gradients come back in f32). Needs replicas.
+    #[arg(long, value_enum, value_name = "DTYPE", default_value_t = AllReduceDtype::Float32)]
+    pub allreduce_dtype: AllReduceDtype,
     /// Scale the learning rate linearly with the global batch size, from a base batch of
     /// 64 (Goyal et al., 2017): lr x batch-size / 64.
     #[arg(long)]

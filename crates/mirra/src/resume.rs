@@ -122,6 +122,12 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
             Allow,
         ),
         setting("device", "--device", args.device.clone(), Allow),
+        setting(
+            "allreduce-dtype",
+            "--allreduce-dtype",
+            args.allreduce_dtype.name().into(),
+            Allow,
+        ),
     ]
 }
 

@@ -89,6 +89,12 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     if let Some(t) = args.threads {
         mirra::tensor::set_num_threads(t);
     }
+    if args.allreduce_dtype != crate::AllReduceDtype::Float32 && !args.mirrored() {
+        return Err(Failure::Usage(format!(
+            "--allreduce-dtype {} with one device: there is no all-reduce without replicas",
+            args.allreduce_dtype.name()
+        )));
+    }
     let strategy = match args.mirrored() {
         false => None,
         true => {
@@ -98,6 +104,9 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
                 .with_bucket_bytes(((args.bucket_mb * (1 << 20) as f64) as usize).max(1));
             if let Some(t) = args.threads {
                 config = config.with_threads_per_replica(t);
+            }
+            if let Some(dtype) = args.allreduce_dtype.dtype() {
+                config = config.with_gradient_dtype(dtype);
             }
             Some(Arc::new(
                 MirroredStrategy::new(config).map_err(|e| Failure::Usage(e.to_string()))?,
