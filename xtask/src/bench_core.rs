@@ -33,7 +33,10 @@ use crate::json::{at_least, num, opt, save};
 use crate::paths::{bench_file, target_dir, workspace_root};
 use crate::table::{cell, mark};
 use crate::timing::{median, Plan};
-use crate::{bench_gpu, cli, compare, machine, mnist_train, rss, subnormal, torch_train, Failure};
+use crate::Failure;
+use crate::{
+    bench_gpu, cli, compare, machine, mnist_train, precision, rss, subnormal, torch_train,
+};
 use crate::{conv_bench, resnet50_bench};
 
 /// Square matmul sizes.
@@ -95,6 +98,9 @@ struct Args {
     /// Skip the ResNet-50 throughput on synthetic batches (and PyTorch's).
     #[arg(long)]
     no_resnet50: bool,
+    /// Skip the CNN under each dtype policy (and PyTorch's autocast).
+    #[arg(long)]
+    no_precision: bool,
     /// Skip PyTorch in the MLP comparison.
     #[arg(long)]
     no_torch: bool,
@@ -249,6 +255,26 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             // A step of batch 16 takes seconds on two cores: a few steps tell the rate.
             let (batch, steps) = if quick { (4, 1) } else { (16, 3) };
             resnet50_bench::section(threads, batch, steps, a.no_torch)
+        },
+    );
+
+    put(
+        "precision",
+        if a.no_precision {
+            json!({ "unavailable": "skipped (--no-precision)" })
+        } else {
+            let mnist = match &a.data {
+                Some(dir) => Mnist::load(dir),
+                None => Mnist::bundled(),
+            };
+            let torch_dir = a
+                .data
+                .clone()
+                .unwrap_or_else(|| workspace_root().join("data").join("mnist"));
+            match mnist {
+                Ok(m) => precision::section(&m, &torch_dir, threads, epochs.min(2), a.no_torch),
+                Err(e) => json!({ "unavailable": format!("cannot load MNIST: {e}") }),
+            }
         },
     );
 
@@ -742,6 +768,7 @@ pub fn print_table(r: &Value) {
             }
         }
     }
+    precision::print_table(&r["precision"]);
     let s = &r["subnormal"];
     println!();
     if s["flush_on"].is_object() {

@@ -26,6 +26,7 @@ mod mnist_train;
 mod nccl;
 mod numpy;
 mod paths;
+mod precision;
 mod ranks;
 mod report;
 mod resnet50_bench;

@@ -11,8 +11,8 @@ use std::time::Instant;
 use mirra::data::{Dataset, Mnist};
 use mirra::device::pool_stats;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
-use mirra::nn::{Accuracy, Metric};
-use mirra::optim::Adam;
+use mirra::nn::{Accuracy, Metric, Policy};
+use mirra::optim::{Adam, LossScaleOptimizer, Optimizer};
 use mirra::strategy::MirroredStrategy;
 use mirra::tensor::init::{rng, Initializer};
 use mirra::tensor::{set_num_threads, DType, Device, Tensor};
@@ -146,6 +146,16 @@ pub fn compile(strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String>
 
 /// [`compile`] for the model `mirra train --model name` trains.
 pub fn compile_model(name: &str, strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String> {
+    compile_model_as(name, strategy, Policy::Float32)
+}
+
+/// [`compile_model`] under the dtype `policy`, as `mirra train --precision` compiles it
+/// (mixed_float16 behind loss scaling).
+pub fn compile_model_as(
+    name: &str,
+    strategy: Option<Arc<MirroredStrategy>>,
+    policy: Policy,
+) -> Result<Model, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let build = || {
         let options = mirra::models::Options::default();
@@ -154,9 +164,14 @@ pub fn compile_model(name: &str, strategy: Option<Arc<MirroredStrategy>>) -> Res
                 layer: name.to_string(),
                 msg: "no such model".into(),
             })?;
+        net.set_policy(policy);
         net.build(&[28, 28], SEED).map(|()| net)
     };
-    let opt = Box::new(Adam::new(1e-3));
+    let adam = Box::new(Adam::new(1e-3));
+    let opt: Box<dyn Optimizer> = match policy {
+        Policy::MixedFloat16 => Box::new(LossScaleOptimizer::new(adam)),
+        _ => adam,
+    };
     let loss = Box::new(SparseCategoricalCrossentropy::default());
     let metrics: Vec<Box<dyn Metric>> = vec![Box::new(Accuracy::new())];
     match strategy {

@@ -28,14 +28,17 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-/// The script: argv = data_dir threads epochs seed batch[,batch...] device [model]; prints
-/// one JSON line.
+/// The script: argv = data_dir threads epochs seed batch[,batch...] device [model
+/// [autocast]]; prints one JSON line. `autocast` (`bfloat16`, `float16`) trains under
+/// `torch.autocast` in that dtype and also reports the bytes the autograd graph saves for
+/// backward in one training forward pass (`saved_tensors_hooks`, storages counted once).
 const SCRIPT: &str = r#"
 import gzip, json, os, sys, time
 data_dir, threads, epochs, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 batches = [int(b) for b in sys.argv[5].split(",")]
 device = sys.argv[6]
 model_name = sys.argv[7] if len(sys.argv) > 7 else "mlp"
+autocast = sys.argv[8] if len(sys.argv) > 8 else "float32"
 try:
     import torch
     from torch import nn
@@ -110,6 +113,24 @@ def resnet20():
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
     return nn.Sequential(*layers)
 
+import contextlib
+def precision():
+    if autocast == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=dev.type, dtype=getattr(torch, autocast))
+
+def saved_bytes(model, xb, yb):
+    storages = {}
+    def pack(t):
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with precision():
+            loss = loss_fn(model(xb), yb)
+    del loss
+    return sum(storages.values())
+
 results = {}
 for b in batches:
     torch.manual_seed(seed)
@@ -135,13 +156,15 @@ for b in batches:
             idx_b = perm[i:i + b]
             xb, yb = x[idx_b].to(dev), y[idx_b].to(dev)
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
+            with precision():
+                loss = loss_fn(model(xb), yb)
             loss.backward()
             opt.step()
             last = loss.item()
         seconds.append(time.perf_counter() - t0)
     timed = seconds[1:]
-    results[str(b)] = {"samples_per_sec": n * len(timed) / sum(timed), "epoch_seconds": seconds, "last_loss": last}
+    results[str(b)] = {"samples_per_sec": n * len(timed) / sum(timed), "epoch_seconds": seconds, "last_loss": last,
+                       "saved_for_backward_bytes": saved_bytes(model, x[:b].to(dev), y[:b].to(dev))}
     del model, opt, xb, yb, loss
     if cuda:
         import gc
@@ -153,6 +176,7 @@ for b in batches:
         results[str(b)]["cublas_workspace_bytes"] = left
         results[str(b)]["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
 print(json.dumps({"torch_version": torch.__version__, "threads": torch.get_num_threads(), "model": model_name,
+                  "autocast": autocast,
                   "peak_rss_bytes": peak_rss_bytes(),
                   "train_examples": n, "source": source, "device": device,
                   "cublas_workspace_bytes": workspace, "results": results}), flush=True)
@@ -181,6 +205,24 @@ pub fn measure_model(
     batches: &[usize],
     device: &str,
 ) -> Result<Value, String> {
+    measure_autocast(
+        name, data_dir, threads, epochs, seed, batches, device, "float32",
+    )
+}
+
+/// [`measure_model`] under `torch.autocast` in `autocast` (`float32`: none, `bfloat16`,
+/// `float16`), with the bytes saved for backward of one training forward pass.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_autocast(
+    name: &str,
+    data_dir: &Path,
+    threads: usize,
+    epochs: usize,
+    seed: u64,
+    batches: &[usize],
+    device: &str,
+    autocast: &str,
+) -> Result<Value, String> {
     let list: Vec<String> = batches.iter().map(usize::to_string).collect();
     let args = [
         data_dir.as_os_str().to_owned(),
@@ -190,6 +232,7 @@ pub fn measure_model(
         list.join(",").into(),
         device.into(),
         name.into(),
+        autocast.into(),
     ];
     run_script(SCRIPT, &args, Some(threads)).map_err(|e| format!("{e} (pip install torch)"))
 }

@@ -21,7 +21,7 @@ pub use buffer::Buffer;
 pub use device::{CudaDevice, Device};
 pub use dtype::{DType, Element, FloatElement};
 pub use error::DeviceError;
-pub use pool::{pool_stats, PoolStats};
+pub use pool::{live_bytes, pool_stats, PoolStats};
 pub use simd::vectorize;
 
 /// Result type of this crate.

@@ -135,6 +135,13 @@ pub fn pool_stats() -> PoolStats {
     STATS.try_with(Cell::get).unwrap_or_default()
 }
 
+/// Bytes of host buffers handed out and not yet returned, process-wide: what the
+/// process's tensors hold now (a benchmark's activation memory is the rise of this over a
+/// forward pass: what the tape keeps for backward).
+pub fn live_bytes() -> usize {
+    cache().live
+}
+
 /// A vector of exactly `words` words with unspecified (but initialised) contents.
 pub(crate) fn take(words: usize) -> Vec<u64> {
     if words == 0 {

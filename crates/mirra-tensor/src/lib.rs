@@ -23,7 +23,7 @@ pub use layout::Layout;
 /// accumulate in f32.
 pub use mirra_cuda::runtime::{allow_tf32, set_allow_tf32};
 pub use mirra_device::{vectorize, DType, Device, Element, FloatElement};
-pub use ops::{BinaryOp, Padding, UnaryOp, Window, MAX_SPATIAL};
+pub use ops::{bf16_matmul_path, BinaryOp, Padding, UnaryOp, Window, MAX_SPATIAL};
 pub use shape::{Shape, MAX_RANK};
 pub use tensor::Tensor;
 pub use threads::{num_threads, set_num_threads};

@@ -383,8 +383,8 @@ mod tests {
         let canvases = mirra_data::digit_canvases(&digits, 8, 1).unwrap();
         let volumes = mirra_data::digit_volumes(&digits, 2, 1).unwrap();
         for (name, data, output, params) in [
-            ("unet", canvases, vec![56, 56, 11], 118_155),
-            ("unet3d", volumes, vec![32, 56, 56, 11], 88_603),
+            ("unet", canvases, vec![56, 56, 11], 487_883),
+            ("unet3d", volumes, vec![32, 56, 56, 11], 365_627),
         ] {
             let mut net = by_name(name, Options::default()).unwrap();
             net.build(&input_shape(name), 3).unwrap();

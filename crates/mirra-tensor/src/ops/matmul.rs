@@ -20,6 +20,37 @@ fn parallel_min_macs() -> usize {
     })
 }
 
+/// How this build computes a bf16 matrix product on this CPU, for reports: always by
+/// converting to f32 and rounding the result once (gemm has no bf16 kernel), and whether
+/// the CPU has the 16-bit units a native kernel would use (AVX-512 BF16; AMX tiles, read
+/// from CPUID leaf 7, EDX bit 22, since their feature detection is not stable Rust).
+pub fn bf16_matmul_path() -> String {
+    #[cfg(target_arch = "x86_64")]
+    let units = {
+        let mut units = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx512bf16") {
+            units.push("AVX-512 BF16");
+        }
+        // Leaf 7 is valid when the maximum leaf (leaf 0's EAX) reaches it.
+        let amx = std::arch::x86_64::__cpuid(0).eax >= 7
+            && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0;
+        if amx {
+            units.push("AMX-BF16");
+        }
+        units
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let units: Vec<&str> = Vec::new();
+    if units.is_empty() {
+        "converted to f32 and back (this CPU has no AVX-512 BF16 or AMX)".into()
+    } else {
+        format!(
+            "converted to f32 and back (this CPU has {}: no native kernel yet)",
+            units.join(" and ")
+        )
+    }
+}
+
 impl Tensor {
     /// Matrix product over the last two dimensions (`[.., m, k] x [.., k, n]`), with the
     /// leading (batch) dimensions broadcast against each other.

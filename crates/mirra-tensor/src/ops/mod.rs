@@ -14,3 +14,4 @@ mod softmax;
 
 pub use conv::{Padding, Window, MAX_SPATIAL};
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use matmul::bf16_matmul_path;
