@@ -123,11 +123,11 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-/// The full MNIST folder: `--data`, or the shared copy when it has the training files.
-fn full_data(a: &Args, root: &Path) -> Result<PathBuf, String> {
-    let dir = a
-        .data
-        .clone()
+/// The full MNIST folder: `data` (a `--data` flag), or the shared copy beside the
+/// checkout, when it has the training files.
+pub(crate) fn full_data_dir(data: Option<&Path>, root: &Path) -> Result<PathBuf, String> {
+    let dir = data
+        .map(Path::to_path_buf)
         .unwrap_or_else(|| root.join("..").join("shared").join("data").join("mnist"));
     if dir.join("train-images-idx3-ubyte.gz").is_file()
         || dir.join("train-images-idx3-ubyte").is_file()
@@ -142,7 +142,7 @@ fn full_data(a: &Args, root: &Path) -> Result<PathBuf, String> {
 }
 
 /// The last value of `key` (`val_accuracy`) in a History file.
-fn last_value(history: &Path, key: &str) -> Result<f64, String> {
+pub(crate) fn last_value(history: &Path, key: &str) -> Result<f64, String> {
     let text = std::fs::read_to_string(history).map_err(|e| e.to_string())?;
     let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let find = |v: &Value| v[key].as_array().cloned();
@@ -172,7 +172,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         .filter(|c| a.models.is_empty() || a.models.iter().any(|m| m == c.model))
     {
         let data = if case.full {
-            match full_data(&a, &root) {
+            match full_data_dir(a.data.as_deref(), &root) {
                 Ok(d) => Some(d),
                 Err(why) => {
                     println!("{} on the full MNIST: not run: {why}", case.model);

@@ -5,6 +5,7 @@
 //! commands and flags are one error and exit status 2.
 
 mod accuracy;
+mod accuracy_precision;
 mod bench_collectives;
 mod bench_core;
 mod bench_gpu;
@@ -66,6 +67,8 @@ enum Command {
     Bench(Rest),
     /// Train the CLI's models to their accuracy targets (mirra train, release) -> target/bench/accuracy.json
     Accuracy(Rest),
+    /// The MLP and cnn on the full MNIST under each dtype policy, 3 seeds, with the bf16-accumulation ablation -> target/bench/accuracy-precision.json
+    AccuracyPrecision(Rest),
     /// nccl-tests tables of the CPU collectives, the copy rate beside, OpenMPI and gloo -> target/bench/collectives.json
     BenchCollectives(Rest),
     /// MLP training per replica count and collective, what communication costs -> target/bench/mirrored.json
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(r) => bench_core::run(&r.args),
         Command::Accuracy(r) => accuracy::run(&r.args),
+        Command::AccuracyPrecision(r) => accuracy_precision::run(&r.args),
         Command::BenchCollectives(r) => bench_collectives::run(&r.args),
         Command::BenchMirrored(r) => bench_mirrored::run(&r.args),
         Command::Scaling(r) => scaling::run(&r.args),

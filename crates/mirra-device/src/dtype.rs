@@ -2,6 +2,8 @@ use std::fmt;
 
 use half::{bf16, f16};
 
+use crate::half_bits;
+
 /// The element types a buffer can hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -147,10 +149,10 @@ float_element!(
     f16,
     F16,
     f32,
-    f16::to_f32,
-    f16::from_f32,
+    |x: f16| half_bits::f16_to_f32(x.to_bits()),
+    |v| f16::from_bits(half_bits::f32_to_f16(v)),
     f16::to_f64,
-    |v| f16::from_f32(f64_to_f32_round_to_odd(v))
+    |v| f16::from_bits(half_bits::f32_to_f16(f64_to_f32_round_to_odd(v)))
 );
 float_element!(
     bf16,

@@ -11,6 +11,7 @@ pub mod denormals;
 mod device;
 mod dtype;
 mod error;
+mod half_bits;
 pub mod memory;
 mod pool;
 mod simd;

@@ -55,6 +55,28 @@ impl Layout {
         true
     }
 
+    /// True when this layout visits each of the `len` elements of a buffer exactly once
+    /// in some order of its dimensions (a transpose or permutation of a contiguous
+    /// tensor that fills the buffer), but not in row-major order.
+    pub(crate) fn is_dense_permutation(&self, len: usize) -> bool {
+        if self.offset != 0 || self.shape.elem_count() != len || self.is_contiguous() {
+            return false;
+        }
+        let mut dims: Vec<(usize, usize)> = (0..self.shape.rank())
+            .filter(|&i| self.shape[i] != 1)
+            .map(|i| (self.strides[i], self.shape[i]))
+            .collect();
+        dims.sort_unstable();
+        let mut expected = 1;
+        for (stride, size) in dims {
+            if stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
     /// Strides of this layout seen through a broadcast to `target` (0 where broadcast).
     /// `target` must be a valid broadcast of this shape.
     pub(crate) fn broadcast_strides(&self, target: &Shape) -> [usize; MAX_RANK] {

@@ -7,6 +7,7 @@
 //! Floating-point kernels are written once, generically over
 //! [`FloatElement`](mirra_device::FloatElement), and serve f32, f64, f16 and bf16.
 
+mod cast;
 mod dispatch;
 mod error;
 pub mod init;
@@ -23,7 +24,10 @@ pub use layout::Layout;
 /// accumulate in f32.
 pub use mirra_cuda::runtime::{allow_tf32, set_allow_tf32};
 pub use mirra_device::{vectorize, DType, Device, Element, FloatElement};
-pub use ops::{bf16_matmul_path, BinaryOp, Padding, UnaryOp, Window, MAX_SPATIAL};
+pub use ops::{
+    bf16_accumulation_ablation, bf16_matmul_path, set_bf16_accumulation_ablation, BinaryOp,
+    Padding, UnaryOp, Window, MAX_SPATIAL,
+};
 pub use shape::{Shape, MAX_RANK};
 pub use tensor::Tensor;
 pub use threads::{num_threads, set_num_threads};

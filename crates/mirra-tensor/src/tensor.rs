@@ -4,6 +4,7 @@ use std::sync::Arc;
 use mirra_cuda::runtime::DeviceBuffer;
 use mirra_device::{Buffer, DType, Device, DeviceError, Element};
 
+use crate::cast;
 use crate::dispatch::with_any;
 use crate::layout::for_each_row;
 use crate::{Layout, Result, Shape, TensorError};
@@ -307,8 +308,46 @@ impl Tensor {
         if !self.device().is_cpu() {
             return self.cuda_to_dtype(dtype);
         }
-        let src = self.contiguous()?;
+        // A transposed or permuted view of a whole buffer converts the buffer in order
+        // and keeps the view: no strided gather (matrix products of 16-bit transposed
+        // operands, which gemm then reads with their strides).
+        let (src, view) = if self.layout.is_dense_permutation(self.buffer.len()) {
+            let whole = self.buffer.len();
+            (
+                self.with_layout(Layout::contiguous(Shape::new(&[whole])?)),
+                Some(self.layout),
+            )
+        } else {
+            (self.contiguous()?, None)
+        };
         let mut out = Buffer::alloc(dtype, src.elem_count(), self.device())?;
+        use half::{bf16, f16};
+        match (self.dtype(), dtype) {
+            (DType::F32, DType::BF16) => {
+                cast::from_f32(src.as_slice::<f32>()?, out.as_mut_slice::<bf16>()?);
+            }
+            (DType::F32, DType::F16) => {
+                cast::from_f32(src.as_slice::<f32>()?, out.as_mut_slice::<f16>()?);
+            }
+            (DType::BF16, DType::F32) => {
+                cast::to_f32(src.as_slice::<bf16>()?, out.as_mut_slice::<f32>()?);
+            }
+            (DType::F16, DType::F32) => {
+                cast::to_f32(src.as_slice::<f16>()?, out.as_mut_slice::<f32>()?);
+            }
+            _ => self.convert_through_f64(&src, &mut out)?,
+        }
+        let converted = Tensor::from_buffer(out, src.dims())?;
+        Ok(match view {
+            Some(layout) => converted.with_layout(layout),
+            None => converted,
+        })
+    }
+
+    /// [`to_dtype`](Self::to_dtype)'s generic path: every pair of dtypes, one element at
+    /// a time through f64.
+    fn convert_through_f64(&self, src: &Tensor, out: &mut Buffer) -> Result<()> {
+        let dtype = out.dtype();
         with_any!(self.dtype(), S => {
             let s = src.as_slice::<S>()?;
             with_any!(dtype, D => {
@@ -318,7 +357,7 @@ impl Tensor {
                 }
             });
         });
-        Tensor::from_buffer(out, self.shape())
+        Ok(())
     }
 }
 
@@ -389,6 +428,40 @@ mod tests {
         let strided = t.transpose(0, 1).unwrap();
         assert!(strided.as_bytes().is_err());
         assert!(strided.into_buffer().is_err());
+    }
+
+    /// Permuted views of a whole buffer convert in place of the view (same values as
+    /// converting a contiguous copy, the view's strides kept); views that skip, repeat
+    /// or start inside the buffer are copied first, as before.
+    #[test]
+    fn views_convert_to_the_values_of_their_contiguous_copies() {
+        let data: Vec<f32> = (0..2 * 3 * 4).map(|v| v as f32 * 1.37 - 9.0).collect();
+        let t = Tensor::from_slice(&data, &[2, 3, 4], Device::Cpu).unwrap();
+        let views = [
+            (t.transpose(1, 2).unwrap(), true),
+            (t.permute(&[2, 0, 1]).unwrap(), true),
+            (t.narrow(1, 1, 2).unwrap(), false),
+            (t.narrow(0, 1, 1).unwrap().transpose(1, 2).unwrap(), false),
+            (
+                t.narrow(0, 0, 1).unwrap().broadcast_to(&[3, 3, 4]).unwrap(),
+                false,
+            ),
+        ];
+        for (v, dense) in views {
+            assert_eq!(
+                v.layout().is_dense_permutation(v.buffer().len()),
+                dense,
+                "{v:?}"
+            );
+            for dtype in [DType::BF16, DType::F16, DType::F64] {
+                let got = v.to_dtype(dtype).unwrap();
+                let want = v.contiguous().unwrap().to_dtype(dtype).unwrap();
+                assert_eq!(got.dims(), v.dims());
+                assert_eq!(got.is_contiguous(), !dense, "{v:?} {dtype:?}");
+                let back = |x: &Tensor| x.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                assert_eq!(back(&got), back(&want), "{v:?} {dtype:?}");
+            }
+        }
     }
 
     fn bytes_of(v: &[f32]) -> Vec<u8> {

@@ -166,6 +166,11 @@ pub struct TrainArgs {
     /// precision.
     #[arg(long, value_enum, default_value_t = Precision::Float32)]
     pub precision: Precision,
+    /// An ablation for `cargo xtask accuracy-precision`, hidden from the help: under
+    /// mixed_bfloat16, bf16 matrix products and convolutions keep their running sums in
+    /// bf16 (rounded after every multiply-add) instead of f32. Trains worse, on purpose.
+    #[arg(long, hide = true)]
+    pub ablate_bf16_accumulation: bool,
     /// Augment the training images as each batch forms: shifts of up to 2 pixels, up to 10
     /// degrees of rotation, brightness and contrast within 10% (no flip: digits), drawn
     /// from --seed, the epoch and each image's index.

@@ -95,6 +95,16 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             args.allreduce_dtype.name()
         )));
     }
+    if args.ablate_bf16_accumulation {
+        if args.precision != crate::Precision::MixedBfloat16 {
+            return Err(Failure::Usage(
+                "--ablate-bf16-accumulation needs --precision mixed_bfloat16: it changes how \
+                 bf16 matrix products accumulate"
+                    .into(),
+            ));
+        }
+        mirra::tensor::set_bf16_accumulation_ablation(true);
+    }
     let strategy = match args.mirrored() {
         false => None,
         true => {
@@ -263,6 +273,10 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         args.seed,
         match args.precision {
             crate::Precision::Float32 => String::new(),
+            p if args.ablate_bf16_accumulation => format!(
+                ", precision {} (ABLATION: bf16 products accumulated in bf16)",
+                p.policy()
+            ),
             p => format!(", precision {}", p.policy()),
         },
     ));

@@ -89,7 +89,7 @@ fn one_epoch_on_the_bundled_data_reaches_90_percent() {
 #[test]
 fn bad_arguments_get_one_clear_line_and_exit_2() {
     let missing = std::env::temp_dir().join("mirra-no-such-dir");
-    let cases: [(&[&str], &str); 24] = [
+    let cases: [(&[&str], &str); 25] = [
         (&["train", "--batch-size", "0"], "--batch-size"),
         // A negative number used to be taken for a flag: "unexpected argument '-1'".
         (
@@ -171,6 +171,10 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
         (
             &["train", "--precision", "bfloat16"],
             "invalid value 'bfloat16' for '--precision <PRECISION>'",
+        ),
+        (
+            &["train", "--ablate-bf16-accumulation"],
+            "--ablate-bf16-accumulation needs --precision mixed_bfloat16",
         ),
     ];
     for (args, needle) in cases {

@@ -264,13 +264,14 @@ mod tests {
             seed in 0u64..1000,
         ) {
             let n = rows * c;
+            // At least 2c values: the moments' gradient below takes 2c of them.
             let gen = |salt: u64| -> Vec<f32> {
-                (0..n as u64)
+                (0..n.max(2 * c) as u64)
                     .map(|i| (((i * 2654435761 + seed * 97 + salt) % 2001) as f32 - 1000.0) / 250.0)
                     .collect()
             };
-            let x = tensor(&gen(1), &[rows, c]);
-            let g = tensor(&gen(2), &[rows, c]);
+            let x = tensor(&gen(1)[..n], &[rows, c]);
+            let g = tensor(&gen(2)[..n], &[rows, c]);
             let a = tensor(&gen(3)[..c], &[c]);
             let b = tensor(&gen(4)[..c], &[c]);
             let ax = axes(&x);

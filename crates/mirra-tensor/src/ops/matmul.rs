@@ -93,12 +93,15 @@ impl Tensor {
         match a.dtype() {
             DType::F32 => gemm_batched::<f32>(a, b, &batch, m, k, n, &out_dims),
             DType::F64 => gemm_batched::<f64>(a, b, &batch, m, k, n, &out_dims),
-            // gemm's f16 matrix-vector (m or n of 1) and k <= 2 paths accumulate in the f16
-            // output, rounding after every step (8% off at k = 4096): compute those in f32.
-            DType::F16 if m > 1 && n > 1 && k > 2 => {
-                gemm_batched::<half::f16>(a, b, &batch, m, k, n, &out_dims)
+            DType::BF16 if super::bf16_accumulation::bf16_accumulation_ablation() => {
+                super::bf16_accumulation::matmul(a, b, &batch, m, k, n, &out_dims)
             }
-            // gemm has no bf16 kernel: compute in f32 and round once at the end.
+            // Without 16-bit units, 16-bit products are f32 products of the widened
+            // operands, rounded once at the end. gemm has no bf16 kernel; its f16 kernel
+            // widens inside its packing, slower than widening the whole operands once
+            // (the cnn under mixed_float16 at batch 256: 1,390 -> see the note's figure),
+            // and its matrix-vector and k <= 2 paths accumulate in the f16 output.
+            //
             DType::F16 | DType::BF16 => a
                 .to_dtype(DType::F32)?
                 .matmul(&b.to_dtype(DType::F32)?)?
