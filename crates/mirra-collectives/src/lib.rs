@@ -38,7 +38,7 @@
 // 1. collective, config, reduce, sync (and, in tests, mutants): no crate imports;
 // 2. error; 3. pending; 4. comm; 5. noop, progress, transport; 6. described, verdict;
 // 7. algo (its own layers: see algo/mod.rs); 8. cpu, device (its own layers: see
-// device/mod.rs); 9. in tests, reference, then conformance.
+// device/mod.rs), mpi (feature `mpi`); 9. in tests, reference, then conformance.
 mod algo;
 mod collective;
 mod comm;
@@ -49,6 +49,8 @@ mod cpu;
 mod described;
 mod device;
 mod error;
+#[cfg(feature = "mpi")]
+mod mpi;
 #[cfg(test)]
 mod mutants;
 mod noop;
@@ -60,6 +62,9 @@ mod reference;
 mod transport;
 mod verdict;
 
+/// rsmpi, for splitting MPI's world before [`Mpi::communicator`] (feature `mpi`).
+#[cfg(feature = "mpi")]
+pub use ::mpi as rsmpi;
 pub use algo::BACKENDS;
 pub use collective::Collective;
 pub use comm::{AbortHandle, Communicator, Completion, Work};
@@ -69,6 +74,8 @@ pub use config::{
 pub use cpu::cpu_group;
 pub use device::{cuda_ring_traffic, device_group, DEVICE_BACKENDS};
 pub use error::{CollectiveError, Result};
+#[cfg(feature = "mpi")]
+pub use mpi::{Mpi, MPI};
 pub use noop::{noop_group, NOOP};
 pub use pending::Pending;
 pub use reduce::{ReduceOp, SUPPORTED_DTYPES};

@@ -273,13 +273,74 @@ struct Slot {
     dst: AtomicPtr<u8>,
 }
 
+impl Desc {
+    /// Words in [`words`](Desc::words).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) const WORDS: usize = 6;
+
+    /// kind | op << 8 | dtype_in << 16 | dtype_out << 24.
+    fn tags(&self) -> u64 {
+        index_of(&KINDS, &self.kind)
+            | index_of(&OPS, &self.op) << 8
+            | index_of(&DTYPES, &self.dtype_in) << 16
+            | index_of(&DTYPES, &self.dtype_out) << 24
+    }
+
+    /// The description without its buffers, as words for another process (its peers'
+    /// verdict reads nothing else).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn words(&self) -> [u64; Desc::WORDS] {
+        [
+            self.tags(),
+            self.root as u64,
+            self.dev_in.code() as u64,
+            self.dev_out.code() as u64,
+            self.len_in as u64,
+            self.len_out as u64,
+        ]
+    }
+
+    /// The description another process sent ([`words`](Desc::words)), without
+    /// buffers.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn from_words(w: &[u64; Desc::WORDS]) -> Desc {
+        Desc::from_parts(
+            w[0],
+            w[1] as usize,
+            [w[2] as usize, w[3] as usize],
+            [w[4] as usize, w[5] as usize],
+            [std::ptr::null_mut(), std::ptr::null_mut()],
+        )
+    }
+
+    /// A description from its encoded tags, root, places, lengths and pointers (src, dst).
+    fn from_parts(
+        tags: u64,
+        root: usize,
+        places: [usize; 2],
+        lens: [usize; 2],
+        ptrs: [*mut u8; 2],
+    ) -> Desc {
+        let field = |shift: u32| ((tags >> shift) & 0xff) as usize;
+        Desc {
+            kind: KINDS[field(0) % KINDS.len()],
+            op: OPS[field(8) % OPS.len()],
+            dtype_in: DTYPES[field(16) % DTYPES.len()],
+            dtype_out: DTYPES[field(24) % DTYPES.len()],
+            root,
+            dev_in: Place::from_code(places[0]),
+            dev_out: Place::from_code(places[1]),
+            len_in: lens[0],
+            len_out: lens[1],
+            src: ptrs[0].cast_const(),
+            dst: ptrs[1],
+        }
+    }
+}
+
 impl Slot {
     fn store(&self, d: &Desc) {
-        let tags = index_of(&KINDS, &d.kind)
-            | index_of(&OPS, &d.op) << 8
-            | index_of(&DTYPES, &d.dtype_in) << 16
-            | index_of(&DTYPES, &d.dtype_out) << 24;
-        self.tags.store(tags, Ordering::Relaxed);
+        self.tags.store(d.tags(), Ordering::Relaxed);
         self.root.store(d.root, Ordering::Relaxed);
         self.dev_in.store(d.dev_in.code(), Ordering::Relaxed);
         self.dev_out.store(d.dev_out.code(), Ordering::Relaxed);
@@ -290,21 +351,22 @@ impl Slot {
     }
 
     fn load(&self) -> Desc {
-        let tags = self.tags.load(Ordering::Relaxed);
-        let field = |shift: u32| ((tags >> shift) & 0xff) as usize;
-        Desc {
-            kind: KINDS[field(0) % KINDS.len()],
-            op: OPS[field(8) % OPS.len()],
-            dtype_in: DTYPES[field(16) % DTYPES.len()],
-            dtype_out: DTYPES[field(24) % DTYPES.len()],
-            root: self.root.load(Ordering::Relaxed),
-            dev_in: Place::from_code(self.dev_in.load(Ordering::Relaxed)),
-            dev_out: Place::from_code(self.dev_out.load(Ordering::Relaxed)),
-            len_in: self.len_in.load(Ordering::Relaxed),
-            len_out: self.len_out.load(Ordering::Relaxed),
-            src: self.src.load(Ordering::Relaxed).cast_const(),
-            dst: self.dst.load(Ordering::Relaxed),
-        }
+        Desc::from_parts(
+            self.tags.load(Ordering::Relaxed),
+            self.root.load(Ordering::Relaxed),
+            [
+                self.dev_in.load(Ordering::Relaxed),
+                self.dev_out.load(Ordering::Relaxed),
+            ],
+            [
+                self.len_in.load(Ordering::Relaxed),
+                self.len_out.load(Ordering::Relaxed),
+            ],
+            [
+                self.src.load(Ordering::Relaxed),
+                self.dst.load(Ordering::Relaxed),
+            ],
+        )
     }
 }
 
