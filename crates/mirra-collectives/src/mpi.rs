@@ -170,15 +170,17 @@ impl MpiComm {
         deadline: Instant,
         waiting_for: &dyn Fn() -> Vec<usize>,
     ) {
+        let start = Instant::now();
         loop {
             match request.test() {
                 Ok(_) => return,
                 Err(r) => request = r,
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 self.end_job(op, waiting_for());
             }
-            std::thread::yield_now();
+            pause(now - start);
         }
     }
 
@@ -221,6 +223,7 @@ impl MpiComm {
                 }
             }
             // Receives first: a peer that never answers is one whose message is missing.
+            let started = Instant::now();
             let mut pending = recvs;
             while !pending.is_empty() {
                 let mut still = Vec::new();
@@ -231,10 +234,11 @@ impl MpiComm {
                 }
                 pending = still;
                 if !pending.is_empty() {
-                    if Instant::now() >= deadline {
+                    let now = Instant::now();
+                    if now >= deadline {
                         self.end_job(op, pending.iter().map(|(p, _)| *p).collect());
                     }
-                    std::thread::yield_now();
+                    pause(now - started);
                 }
             }
             for s in sends {
@@ -370,6 +374,21 @@ impl MpiComm {
         })
     }
 }
+
+/// Between two tests of a request: MPI progresses a non-blocking collective only inside
+/// its calls, so a waiting rank keeps calling, as MPI's blocking calls busy-poll; after
+/// [`SPIN`] it yields its core between tests, so that ranks sharing cores (more ranks than
+/// cores, `--oversubscribe`) still run.
+fn pause(waited: Duration) {
+    if waited >= SPIN {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// How long a waiting rank tests without yielding.
+const SPIN: Duration = Duration::from_micros(200);
 
 /// MPI's own operator for `op` (`Mean` sums; the division follows).
 fn system_op(op: ReduceOp) -> SystemOperation {

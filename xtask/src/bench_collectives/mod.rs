@@ -67,7 +67,9 @@ struct Args {
     /// A smoke subset: 2 and 4 ranks, up to 1 MiB, few iterations.
     #[arg(long)]
     quick: bool,
-    /// Backends to run, comma-separated (default: all of them).
+    /// Backends to run, comma-separated (default: all of the in-process ones); `mpi` adds
+    /// mirra's MPI backend, a rank per process under mpirun, beside OpenMPI (needs OpenMPI
+    /// and libclang: ci/install-mpi.sh).
     #[arg(long, value_delimiter = ',', value_parser = backend_name)]
     backends: Option<Vec<String>>,
     /// World sizes, comma-separated (default: 2,4,8; --quick: 2,4).
@@ -116,13 +118,16 @@ fn peer_list(s: &str) -> Result<PeerList, String> {
     peers::parse_peers(s).map(PeerList)
 }
 
+/// The backend that runs a rank per process (`--backends mpi`).
+const MPI_BACKEND: &str = "mpi";
+
 fn backend_name(s: &str) -> Result<String, String> {
     let s = s.trim();
-    if BACKENDS.contains(&s) || DEVICE_BACKENDS.contains(&s) {
+    if BACKENDS.contains(&s) || DEVICE_BACKENDS.contains(&s) || s == MPI_BACKEND {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "unknown backend `{s}` (known: {}, {})",
+            "unknown backend `{s}` (known: {}, {}, {MPI_BACKEND})",
             BACKENDS.join(", "),
             DEVICE_BACKENDS.join(", ")
         ))
@@ -185,6 +190,12 @@ fn parse(args: &[String]) -> Result<Option<Options>, Failure> {
             backends.push(b);
         }
     }
+    // mpi runs its ranks as processes, as the peers do, first among them.
+    let mut peers = a.peers.map_or_else(|| Peer::ALL.to_vec(), |p| p.0);
+    if let Some(i) = backends.iter().position(|b| b == MPI_BACKEND) {
+        backends.remove(i);
+        peers.insert(0, Peer::MirraMpi);
+    }
     Ok(Some(Options {
         quick: a.quick,
         backends,
@@ -192,7 +203,7 @@ fn parse(args: &[String]) -> Result<Option<Options>, Failure> {
         max_bytes: a
             .max_bytes
             .unwrap_or(if a.quick { 1 << 20 } else { DEFAULT_MAX_BYTES }),
-        peers: a.peers.map_or_else(|| Peer::ALL.to_vec(), |p| p.0),
+        peers,
         out: a.out,
         rounds: a.rounds as usize,
         device,
@@ -689,6 +700,9 @@ mod tests {
         assert_eq!(o.world_sizes, [4, 2]);
         assert_eq!(o.max_bytes, 64 << 20);
         assert!(o.peers.is_empty());
+        let m = options(&["--backends", "direct,mpi", "--peers", "openmpi"]);
+        assert_eq!(m.backends, ["direct"]);
+        assert_eq!(m.peers, [Peer::MirraMpi, Peer::OpenMpi]);
         let q = options(&["--quick", "--peers", "gloo"]);
         assert_eq!((q.world_sizes, q.max_bytes), (vec![2, 4], 1 << 20));
         assert_eq!(q.peers, [Peer::Gloo]);

@@ -26,6 +26,9 @@ const DEADLINE: Duration = Duration::from_secs(900);
 pub enum Peer {
     OpenMpi,
     Gloo,
+    /// mirra's own `mpi` backend, one rank per process: run as the peers are (under
+    /// `mpirun`, the same protocol), but chosen with `--backends mpi`, not `--peers`.
+    MirraMpi,
 }
 
 impl Peer {
@@ -36,6 +39,7 @@ impl Peer {
         match self {
             Peer::OpenMpi => "openmpi",
             Peer::Gloo => "gloo",
+            Peer::MirraMpi => "mpi",
         }
     }
 
@@ -44,6 +48,10 @@ impl Peer {
         match self {
             Peer::OpenMpi => "OpenMPI's MPI_Allreduce between processes (mpirun, shared memory)",
             Peer::Gloo => "gloo's all_reduce through torch.distributed, between processes",
+            Peer::MirraMpi => {
+                "mirra's mpi backend between processes (mpirun, a rank per process; \
+                 crates/mirra-collectives/examples/mpi_allreduce.rs)"
+            }
         }
     }
 }
@@ -164,6 +172,7 @@ pub fn run(
     };
     let program = match peer {
         Peer::OpenMpi => build_mpi(root, target),
+        Peer::MirraMpi => build_mirra_mpi(root, target),
         Peer::Gloo => Ok((String::new(), root.join("benches/peers/gloo_allreduce.py"))),
     };
     let (mut version, program) = match program {
@@ -176,7 +185,7 @@ pub fn run(
     let specs: Vec<String> = sizes.iter().map(SizePlan::arg).collect();
     for &n in world_sizes {
         let mut cmd = match peer {
-            Peer::OpenMpi => {
+            Peer::OpenMpi | Peer::MirraMpi => {
                 let mut c = Command::new("mpirun");
                 c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
                     .arg(n.to_string())
@@ -250,6 +259,39 @@ fn build_mpi(root: &Path, target: &Path) -> Result<(String, PathBuf), String> {
         ));
     }
     Ok((version, binary))
+}
+
+/// mirra's MPI program (`--features mpi`, which needs OpenMPI and libclang), built in
+/// release, and what it runs on.
+fn build_mirra_mpi(root: &Path, target: &Path) -> Result<(String, PathBuf), String> {
+    let built = Command::new(env!("CARGO"))
+        .current_dir(root)
+        .args(["build", "--release", "--locked", "-p", "mirra-collectives"])
+        .args(["--features", "mpi", "--example", "mpi_allreduce"])
+        .output()
+        .map_err(|e| format!("cargo does not run: {e}"))?;
+    if !built.status.success() {
+        return Err(format!(
+            "building it with --features mpi failed (ci/install-mpi.sh installs OpenMPI and \
+             libclang): {}",
+            tail(&String::from_utf8_lossy(&built.stderr))
+        ));
+    }
+    let mpi = Command::new("mpirun")
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("mpirun does not run ({e}); ci/install-mpi.sh installs OpenMPI"))?;
+    let over = String::from_utf8_lossy(&mpi.stdout)
+        .lines()
+        .next()
+        .unwrap_or("mpirun (unknown version)")
+        .replace("mpirun (Open MPI)", "Open MPI")
+        .trim()
+        .to_string();
+    Ok((
+        format!("mirra mpi over {over}"),
+        target.join("release/examples/mpi_allreduce"),
+    ))
 }
 
 /// The last few lines of a program's error output.
