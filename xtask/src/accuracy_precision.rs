@@ -51,6 +51,68 @@ impl Run {
     }
 }
 
+/// The products whose accumulation the ablation changes, measured directly: shapes of
+/// the weight gradients of the two models at batch 128 (`xᵀ·g`: the sum runs over the batch,
+/// times the output positions for a convolution), with ReLU-like activations and
+/// zero-mean gradients.
+const PRODUCTS: [(&str, usize, usize, usize); 2] = [
+    ("MLP dense 784->128 weight gradient", 784, 128, 128),
+    (
+        "cnn conv2 weight gradient (128 x 11 x 11 positions)",
+        288,
+        128 * 121,
+        64,
+    ),
+];
+
+/// A bf16 product with f32 accumulation must be within this relative error (Frobenius) of
+/// the exact product of the same bf16 inputs: one bf16 rounding of the result, 2^-9, with
+/// room.
+const F32_ACCUMULATION_MAX: f64 = 1.0 / 256.0;
+
+/// The relative error of `a·b` computed in bf16 with and without the ablation, against the
+/// exact (f64) product of the same bf16 values: `(f32 accumulation, bf16 accumulation)`.
+fn product_errors(m: usize, k: usize, n: usize) -> Result<(f64, f64), String> {
+    use mirra::tensor::{set_bf16_accumulation_ablation, DType, Device, Tensor};
+    let e = |e: mirra::tensor::TensorError| e.to_string();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    // Activations: half zeros (ReLU), the rest in (0, 1); gradients in (-1, 1).
+    let a: Vec<f32> = (0..m * k)
+        .map(|_| (uniform() * 2.0 - 1.0).max(0.0) as f32)
+        .collect();
+    let b: Vec<f32> = (0..k * n).map(|_| (uniform() * 2.0 - 1.0) as f32).collect();
+    let bf = |v: &[f32], d: &[usize]| -> Result<Tensor, String> {
+        Tensor::from_slice(v, d, Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::BF16))
+            .map_err(e)
+    };
+    let (ta, tb) = (bf(&a, &[m, k])?, bf(&b, &[k, n])?);
+    let exact = ta
+        .to_dtype(DType::F64)
+        .and_then(|x| x.matmul(&tb.to_dtype(DType::F64)?))
+        .and_then(|x| x.to_vec::<f64>())
+        .map_err(e)?;
+    let error = |ablate: bool| -> Result<f64, String> {
+        set_bf16_accumulation_ablation(ablate);
+        let got = ta.matmul(&tb).and_then(|x| x.to_dtype(DType::F64));
+        set_bf16_accumulation_ablation(false);
+        let got = got.and_then(|x| x.to_vec::<f64>()).map_err(e)?;
+        let (mut diff, mut norm) = (0.0, 0.0);
+        for (g, x) in got.iter().zip(&exact) {
+            diff += (g - x) * (g - x);
+            norm += x * x;
+        }
+        Ok((diff / norm).sqrt())
+    };
+    Ok((error(false)?, error(true)?))
+}
+
 /// `cargo xtask accuracy-precision` flags.
 #[derive(Debug, Parser)]
 #[command(
@@ -156,8 +218,33 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     if !a.no_ablation {
         runs.push(Run::Ablation);
     }
-    let mut models = Vec::new();
     let mut failed = 0;
+    // First the products themselves: f32 accumulation within one bf16 rounding of exact,
+    // and the ablation visibly worse, or the ablation does not ablate anything.
+    println!("bf16 products against their exact values (relative Frobenius error):");
+    let mut products = Vec::new();
+    for (what, m, k, n) in PRODUCTS {
+        let (f32_acc, bf16_acc) = product_errors(m, k, n).map_err(Failure::run)?;
+        let met = f32_acc <= F32_ACCUMULATION_MAX && bf16_acc >= 4.0 * f32_acc;
+        if !met {
+            failed += 1;
+        }
+        println!(
+            "  {what} ({m} x {k} x {n}): f32 accumulation {f32_acc:.2e} (at most {:.2e}), \
+             bf16 accumulation {bf16_acc:.2e} ({:.0}x): {}",
+            F32_ACCUMULATION_MAX,
+            bf16_acc / f32_acc,
+            if met { "ok" } else { "FAILED" }
+        );
+        products.push(json!({
+            "product": what, "m": m, "k": k, "n": n,
+            "f32_accumulation_error": f32_acc,
+            "bf16_accumulation_error": bf16_acc,
+            "target": format!("f32 accumulation <= {F32_ACCUMULATION_MAX:.2e}; bf16 accumulation >= 4x it"),
+            "met": met,
+        }));
+    }
+    let mut models = Vec::new();
     for model in &a.models {
         let epochs = if model == "mlp" {
             a.mlp_epochs
@@ -258,6 +345,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         "machine": machine::facts(),
         "bf16_matmul_path": mirra::tensor::bf16_matmul_path(),
         "band_points": BAND * 100.0,
+        "products": products,
         "models": models,
         "failed": failed,
     });
