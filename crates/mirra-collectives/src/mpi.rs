@@ -11,11 +11,12 @@
 //!    verdict (`verdict.rs`) then finds a mismatch from the same data on every rank, so
 //!    every rank returns the same error and the group stays usable; and a rank that did
 //!    not answer within the deadline is *named* (which a collective alone could not say).
-//! 2. **Data**: MPI's non-blocking collectives (`MPI_Ireduce_scatter_block`,
-//!    `MPI_Iallgather`, `MPI_Ibcast`, `MPI_Ireduce`, `MPI_Ibarrier`; the all-reduce is an
-//!    `MPI_Ireduce` to rank 0 and an `MPI_Ibcast` from it, so that every rank ends with the
-//!    same bits, which `MPI_Allreduce` does not promise), each tested until it completes
-//!    or the deadline passes. f32, f64, i32, i64 and u8 sums, maxima, minima and
+//! 2. **Data**: the all-reduce is a ring over MPI point to point (`MPI_Isend`/`MPI_Irecv`
+//!    of chunks, a reduce-scatter then an all-gather, combined by the crate's kernel): each
+//!    chunk is reduced once, in a fixed order, so every rank ends with the same bits, which
+//!    `MPI_Allreduce` does not promise. The others are MPI's non-blocking collectives
+//!    (`MPI_Ireduce_scatter_block`, `MPI_Iallgather`, `MPI_Ibcast`, `MPI_Ireduce`,
+//!    `MPI_Ibarrier`). Each request is tested until it completes or the deadline passes. f32, f64, i32, i64 and u8 sums, maxima, minima and
 //!    products are MPI's own operators; f16 and bf16 travel as 16-bit words reduced by a
 //!    user-defined operation through the crate's one reduction kernel (`reduce.rs`:
 //!    arithmetic in f32, one rounding per combination), which MPI has no type for. `Mean`
@@ -62,9 +63,17 @@ use crate::verdict::{verdict, Accepts};
 /// The backend's name.
 pub const MPI: &str = "mpi";
 
-/// The tag of the metadata messages (the data phase uses MPI's collectives, which never
-/// match point-to-point messages).
+/// The tag of the metadata messages (MPI's collectives never match point-to-point
+/// messages).
 const META_TAG: i32 = 0x6d69;
+/// The tag of the ring all-reduce's messages.
+const DATA_TAG: i32 = 0x6d6a;
+
+/// The bytes of a `u64` scratch buffer (8-byte aligned, for any element type).
+fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
+    // SAFETY: u8 has no alignment or validity requirements; the length is in bytes.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 8) }
+}
 
 /// MPI, initialised for mirra: hold it for the life of the job (it finalises MPI when
 /// dropped) and drop every communicator made from it first.
@@ -282,34 +291,14 @@ impl MpiComm {
         let root = c.process_at_rank(d.root as i32);
         // MPI reduces from one buffer into another: an in-place reduction's input is
         // copied first.
-        let reduces_in_place = d.kind == Collective::AllReduce
-            || (d.kind == Collective::Reduce && self.rank == d.root);
+        let reduces_in_place = d.kind == Collective::Reduce && self.rank == d.root;
         let copy: Vec<W> = if reduces_in_place {
             output().to_vec()
         } else {
             Vec::new()
         };
-        if d.kind == Collective::AllReduce {
-            // Reduced on rank 0 and broadcast from it: the same bits on every rank, which
-            // MPI_Allreduce does not promise (the standard only recommends it).
-            let zero = c.process_at_rank(0);
-            scope(|sc: &LocalScope<'_>| {
-                if self.rank == 0 {
-                    let r = zero.immediate_reduce_into_root(sc, &copy[..], output(), mpi_op);
-                    self.finish(r, d.kind, deadline, &everyone);
-                } else {
-                    let r = zero.immediate_reduce_into(sc, &copy[..], mpi_op);
-                    self.finish(r, d.kind, deadline, &|| vec![0]);
-                }
-            });
-            scope(|sc: &LocalScope<'_>| {
-                let r = zero.immediate_broadcast_into(sc, output());
-                self.finish(r, d.kind, deadline, &|| vec![0]);
-            });
-            return;
-        }
         scope(|sc: &LocalScope<'_>| match d.kind {
-            Collective::AllReduce => unreachable!("handled above"),
+            Collective::AllReduce => unreachable!("the ring all-reduce runs it"),
             Collective::ReduceScatter => {
                 let r = c.immediate_reduce_scatter_block_into(sc, input(), output(), mpi_op);
                 self.finish(r, d.kind, deadline, &everyone);
@@ -336,6 +325,70 @@ impl MpiComm {
                 self.finish(r, d.kind, deadline, &everyone);
             }
         });
+    }
+
+    /// Phase 2 of an all-reduce, every dtype: a ring over MPI point to point, a
+    /// reduce-scatter then an all-gather of `n` chunks, each combination through the
+    /// crate's kernel. Every chunk is reduced once, in ring order, by one rank, then copied
+    /// to the others: every rank ends with the same bits (which `MPI_Allreduce` does not
+    /// promise), and each rank moves 2 (n-1)/n of the buffer, as MPI's own ring does.
+    fn ring_all_reduce(&self, d: &Desc, deadline: Instant) {
+        let (n, r) = (self.size, self.rank);
+        if n == 1 || d.len_out == 0 {
+            return;
+        }
+        let size = d.dtype_out.size_in_bytes();
+        let (left, right) = ((r + n - 1) % n, (r + 1) % n);
+        let chunk = |i: usize| crate::algo::slicing::chunk(d.len_out, n, i % n);
+        // The received chunk, 8-byte aligned for any element type.
+        let largest = (0..n).map(|i| chunk(i).len()).max().unwrap_or(0);
+        let mut tmp = vec![0u64; (largest * size).div_ceil(8)];
+        // Bytes `range` (in elements) of the buffer; distinct ranges never overlap.
+        let part = |range: std::ops::Range<usize>| -> &mut [u8] {
+            // SAFETY: `dst` holds `len_out` elements of `size` bytes (`Desc::in_place`),
+            // borrowed for this call; every range is within it, and the two parts alive at
+            // once (one sent, one received) are distinct chunks.
+            unsafe {
+                std::slice::from_raw_parts_mut(d.dst.add(range.start * size), range.len() * size)
+            }
+        };
+        let step = |send: std::ops::Range<usize>, recv: &mut [u8]| {
+            scope(|sc: &LocalScope<'_>| {
+                let c = &self.comm;
+                let sent = c.process_at_rank(right as i32).immediate_send_with_tag(
+                    sc,
+                    &*part(send),
+                    DATA_TAG,
+                );
+                let got = c
+                    .process_at_rank(left as i32)
+                    .immediate_receive_into_with_tag(sc, recv, DATA_TAG);
+                self.finish(got, d.kind, deadline, &|| vec![left]);
+                self.finish(sent, d.kind, deadline, &|| vec![right]);
+            });
+        };
+        // Reduce-scatter: after step s, this rank's chunk r - s - 1 holds s + 2 ranks' sum.
+        for s in 0..n - 1 {
+            let (send, recv) = (chunk(r + n - s), chunk(r + n - s - 1));
+            let bytes = recv.len() * size;
+            let tmp_bytes = &mut bytemuck_bytes(&mut tmp)[..bytes];
+            step(send, tmp_bytes);
+            with_dtype!(d.dtype_out, T => {
+                let len = recv.len();
+                // SAFETY: `tmp` is 8-byte aligned and holds `len` received elements of T.
+                let got = unsafe { std::slice::from_raw_parts(tmp.as_ptr().cast::<T>(), len) };
+                // SAFETY: chunk `recv` of the buffer, of T's size, distinct from `tmp`.
+                let mine = unsafe {
+                    std::slice::from_raw_parts_mut(d.dst.cast::<T>().add(recv.start), len)
+                };
+                combine_op::<T>(d.op, mine, true, &[got], false, n);
+            });
+        }
+        // All-gather: chunk r + 1 is complete here; pass complete chunks around the ring.
+        for s in 0..n - 1 {
+            let (send, recv) = (chunk(r + 1 + n - s), chunk(r + n - s));
+            step(send, part(recv));
+        }
     }
 
     /// Phase 2 for a 16-bit float `H`: words reduced by the crate's kernel.
@@ -450,6 +503,7 @@ impl Described for MpiComm {
             return Ok(Work::completed(op));
         }
         match desc.dtype_in {
+            _ if op == Collective::AllReduce => self.ring_all_reduce(&desc, deadline),
             DType::F16 => self.data_16::<f16>(&desc, deadline),
             DType::BF16 => self.data_16::<bf16>(&desc, deadline),
             DType::F32 => self.data::<f32, _>(&desc, system_op(desc.op), deadline),
