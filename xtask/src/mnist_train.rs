@@ -12,7 +12,7 @@ use mirra::data::{Dataset, Mnist};
 use mirra::device::pool_stats;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use mirra::nn::{Accuracy, Metric, Policy};
-use mirra::optim::{Adam, LossScaleOptimizer, Optimizer};
+use mirra::optim::Adam;
 use mirra::strategy::MirroredStrategy;
 use mirra::tensor::init::{rng, Initializer};
 use mirra::tensor::{set_num_threads, DType, Device, Tensor};
@@ -167,11 +167,7 @@ pub fn compile_model_as(
         net.set_policy(policy);
         net.build(&[28, 28], SEED).map(|()| net)
     };
-    let adam = Box::new(Adam::new(1e-3));
-    let opt: Box<dyn Optimizer> = match policy {
-        Policy::MixedFloat16 => Box::new(LossScaleOptimizer::new(adam)),
-        _ => adam,
-    };
+    let opt = mirra::recipe::optimizer_for(policy, Box::new(Adam::new(1e-3)));
     let loss = Box::new(SparseCategoricalCrossentropy::default());
     let metrics: Vec<Box<dyn Metric>> = vec![Box::new(Accuracy::new())];
     match strategy {

@@ -203,9 +203,7 @@ pub fn print_table(p: &Value) {
         cell(&p["bf16_over_torch_autocast"], 3),
         mark(&t["bf16_over_torch"]["met"])
     );
-    for key in ["torch_unavailable"] {
-        if let Some(why) = p[key].as_str() {
-            println!("  {}: {why}", key.replace('_', " "));
-        }
+    if let Some(why) = p["torch_unavailable"].as_str() {
+        println!("  torch unavailable: {why}");
     }
 }

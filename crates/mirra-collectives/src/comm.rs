@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -307,6 +308,21 @@ impl fmt::Debug for Work<'_> {
 pub(crate) trait Abortable: Send + Sync {
     fn abort(&self);
     fn is_aborted(&self) -> bool;
+}
+
+/// The simplest [`Abortable`]: a flag that the group's calls check, for backends with no
+/// waits of their own to wake (the no-op group; an MPI rank, whose peers are other
+/// processes).
+#[derive(Default)]
+pub(crate) struct AbortFlag(AtomicBool);
+
+impl Abortable for AbortFlag {
+    fn abort(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    fn is_aborted(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 /// Aborts a communicator group from any thread: every pending and later collective on

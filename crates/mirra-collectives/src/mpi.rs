@@ -35,8 +35,7 @@
 //! `Threading::Serialized`, since a replica thread other than the main one makes the calls
 //! ([`Mpi::init`] asks for it).
 
-use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,11 +50,11 @@ use half::{bf16, f16};
 use mirra_device::{Buffer, DType};
 
 use crate::collective::Collective;
-use crate::comm::{AbortHandle, Abortable, Work};
+use crate::comm::{AbortFlag, AbortHandle, Abortable, Work};
 use crate::config::Config;
 use crate::described::Described;
 use crate::error::{CollectiveError, Result};
-use crate::pending::{Completion, Pending};
+use crate::pending::Pending;
 use crate::reduce::{combine_op, with_dtype, ReduceOp, Reducible};
 use crate::transport::{Desc, Place};
 use crate::verdict::{verdict, Accepts};
@@ -128,22 +127,9 @@ impl Mpi {
             size: comm.size() as usize,
             comm,
             timeout: config.timeout,
-            seq: Cell::new(0),
-            failed: RefCell::new(None),
-            abort: Arc::new(Flag(AtomicBool::new(false))),
+            abort: Arc::new(AbortFlag::default()),
+            scratch: RefCell::new(Vec::new()),
         })
-    }
-}
-
-/// What an [`AbortHandle`] of an MPI communicator sets.
-struct Flag(AtomicBool);
-
-impl Abortable for Flag {
-    fn abort(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-    fn is_aborted(&self) -> bool {
-        self.0.load(Ordering::Acquire)
     }
 }
 
@@ -153,11 +139,12 @@ struct MpiComm {
     rank: usize,
     size: usize,
     timeout: Duration,
-    /// Collectives started so far, carried in the metadata.
-    seq: Cell<u64>,
-    /// The first failure of this rank that left the group unusable.
-    failed: RefCell<Option<CollectiveError>>,
-    abort: Arc<Flag>,
+    /// Set by this rank's [`AbortHandle`]s: every later call fails with `Aborted` (the only
+    /// failure a rank survives; an expired deadline ends the job).
+    abort: Arc<AbortFlag>,
+    /// The ring all-reduce's receive buffer, kept between calls (8-byte words, aligned
+    /// for any element type).
+    scratch: RefCell<Vec<u64>>,
 }
 
 // SAFETY: an MPI communicator handle may be used from any thread when MPI runs with
@@ -165,9 +152,8 @@ struct MpiComm {
 // `Sync` (the trait's contract), so its calls are never concurrent.
 unsafe impl Send for MpiComm {}
 
-/// The words of a description sent to the peers: the sequence number, then
-/// [`Desc::words`].
-type Meta = [u64; 1 + Desc::WORDS];
+/// The words of a description sent to the peers ([`Desc::words`]).
+type Meta = [u64; Desc::WORDS];
 
 impl MpiComm {
     /// Poll `request` until it completes or `deadline` passes; then end the job, naming
@@ -205,9 +191,9 @@ impl MpiComm {
         self.comm.abort(1)
     }
 
-    /// Phase 1: every rank's description of collective `seq`.
+    /// Phase 1: every rank's description of this collective.
     fn exchange(&self, mine: Meta, op: Collective, deadline: Instant) -> Vec<Meta> {
-        let mut all = vec![[0u64; 1 + Desc::WORDS]; self.size];
+        let mut all = vec![[0u64; Desc::WORDS]; self.size];
         all[self.rank] = mine;
         let me = self.rank;
         scope(|sc: &LocalScope<'_>| {
@@ -342,7 +328,11 @@ impl MpiComm {
         let chunk = |i: usize| crate::algo::slicing::chunk(d.len_out, n, i % n);
         // The received chunk, 8-byte aligned for any element type.
         let largest = (0..n).map(|i| chunk(i).len()).max().unwrap_or(0);
-        let mut tmp = vec![0u64; (largest * size).div_ceil(8)];
+        let mut tmp = self.scratch.borrow_mut();
+        let words = (largest * size).div_ceil(8);
+        if tmp.len() < words {
+            tmp.resize(words, 0);
+        }
         // Bytes `range` (in elements) of the buffer; distinct ranges never overlap.
         let part = |range: std::ops::Range<usize>| -> &mut [u8] {
             // SAFETY: `dst` holds `len_out` elements of `size` bytes (`Desc::in_place`),
@@ -472,21 +462,11 @@ impl Described for MpiComm {
 
     fn start(&self, desc: Desc) -> Result<Work<'_>> {
         let op = desc.kind;
-        if let Some(e) = self.failed.borrow().as_ref() {
-            return Err(e.clone());
-        }
         if self.abort.is_aborted() {
-            let e = CollectiveError::Aborted { op };
-            *self.failed.borrow_mut() = Some(e.clone());
-            return Err(e);
+            return Err(CollectiveError::Aborted { op });
         }
         let deadline = Instant::now() + self.timeout;
-        let seq = self.seq.get() + 1;
-        self.seq.set(seq);
-        let mut mine = [0u64; 1 + Desc::WORDS];
-        mine[0] = seq;
-        mine[1..].copy_from_slice(&desc.words());
-        let all = self.exchange(mine, op, deadline);
+        let all = self.exchange(desc.words(), op, deadline);
         let descs: Vec<Desc> = all
             .iter()
             .enumerate()
@@ -494,7 +474,7 @@ impl Described for MpiComm {
                 if p == self.rank {
                     desc
                 } else {
-                    Desc::from_words(m[1..].try_into().expect("WORDS words"))
+                    Desc::from_words(m)
                 }
             })
             .collect();
@@ -519,18 +499,6 @@ impl Described for MpiComm {
     fn submit_all_reduce(&self, mut buf: Buffer, op: ReduceOp) -> Result<Pending> {
         self.start(Desc::in_place(Collective::AllReduce, &mut buf, op, 0))?
             .wait()?;
-        Ok(Pending::new(Collective::AllReduce, Box::new(Done(buf))))
-    }
-}
-
-/// A submitted all-reduce that completed before `submit_all_reduce` returned.
-struct Done(Buffer);
-
-impl Completion for Done {
-    fn is_complete(&self) -> bool {
-        true
-    }
-    fn wait(self: Box<Self>) -> Result<Buffer> {
-        Ok(self.0)
+        Ok(Pending::ready(Collective::AllReduce, buf))
     }
 }

@@ -9,50 +9,25 @@
 //!
 //! [`BACKENDS`]: crate::BACKENDS
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use mirra_device::Buffer;
 
 use crate::collective::Collective;
-use crate::comm::{AbortHandle, Abortable, Communicator, Work};
+use crate::comm::{AbortFlag, AbortHandle, Abortable, Communicator, Work};
 use crate::error::{CollectiveError, Result};
-use crate::pending::{Completion, Pending};
+use crate::pending::Pending;
 use crate::reduce::ReduceOp;
 
 /// The no-op group's name.
 pub const NOOP: &str = "noop";
 
-#[derive(Default)]
-struct Flag(AtomicBool);
-
-impl Abortable for Flag {
-    fn abort(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-    fn is_aborted(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
-
 /// One rank of a no-op group.
 struct NoopCommunicator {
     rank: usize,
     world: usize,
-    aborted: Arc<Flag>,
-}
-
-/// A submitted no-op: its buffer, untouched.
-struct Ready(Buffer);
-
-impl Completion for Ready {
-    fn is_complete(&self) -> bool {
-        true
-    }
-    fn wait(self: Box<Self>) -> Result<Buffer> {
-        Ok(self.0)
-    }
+    aborted: Arc<AbortFlag>,
 }
 
 impl NoopCommunicator {
@@ -105,13 +80,13 @@ impl Communicator for NoopCommunicator {
     }
     fn submit_all_reduce(&self, buf: Buffer, _: ReduceOp) -> Result<Pending> {
         self.done(Collective::AllReduce)?.wait()?;
-        Ok(Pending::new(Collective::AllReduce, Box::new(Ready(buf))))
+        Ok(Pending::ready(Collective::AllReduce, buf))
     }
 }
 
 /// `world` ranks of a no-op group (see the module's documentation: results are wrong).
 pub fn noop_group(world: usize) -> Vec<Box<dyn Communicator>> {
-    let aborted = Arc::new(Flag::default());
+    let aborted = Arc::new(AbortFlag::default());
     (0..world)
         .map(|rank| {
             Box::new(NoopCommunicator {

@@ -1,5 +1,6 @@
-//! The reference recipe's input pipelines: what `mirra train` feeds its model, shared with
-//! `cargo xtask bench` so that the benchmark measures what a user's run costs.
+//! The reference recipe's input pipelines and its optimizer under a dtype policy: what
+//! `mirra train` feeds and steps its model with, shared with `cargo xtask bench` so that the
+//! benchmark measures what a user's run costs.
 
 use mirra_data::{pixels_to_unit_f32, Augment, DataError, Dataset, ImageFolder, Result, Split};
 use mirra_device::DType;
@@ -93,4 +94,17 @@ pub fn augmented_train_pipeline(
 /// The evaluation pipeline: in order, batches of `batch_size`, `f32` images.
 pub fn eval_pipeline(split: &Split, examples: Examples<'_>, batch_size: usize) -> Result<Dataset> {
     Ok(batches(split, None, examples, batch_size, None)?.prefetch(PREFETCH))
+}
+
+/// `optimizer` as a model under `policy` needs it: behind dynamic loss scaling for
+/// `mixed_float16` (float16 gradients underflow below 6e-8), as Keras's `compile` wraps it;
+/// as it is otherwise.
+pub fn optimizer_for(
+    policy: mirra_nn::Policy,
+    optimizer: Box<dyn mirra_optim::Optimizer>,
+) -> Box<dyn mirra_optim::Optimizer> {
+    match policy {
+        mirra_nn::Policy::MixedFloat16 => Box::new(mirra_optim::LossScaleOptimizer::new(optimizer)),
+        _ => optimizer,
+    }
 }

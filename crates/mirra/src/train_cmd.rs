@@ -288,14 +288,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             Box::new(Adam::new(lr).with_schedule(Box::new(cosine)))
         }
     };
-    // float16 gradients underflow below 6e-8: behind dynamic loss scaling, as Keras's
-    // compile wraps the optimizer under a mixed_float16 policy.
-    let optimizer: Box<dyn mirra::optim::Optimizer> = match args.precision {
-        crate::Precision::MixedFloat16 => {
-            Box::new(mirra::optim::LossScaleOptimizer::new(optimizer))
-        }
-        _ => optimizer,
-    };
+    let optimizer = mirra::recipe::optimizer_for(args.precision.policy(), optimizer);
     let loss = Box::new(SparseCategoricalCrossentropy::default());
     let metrics: Vec<Box<dyn Metric>> = match task {
         Task::Classification | Task::Synthetic => vec![Box::new(Accuracy::new())],

@@ -229,20 +229,25 @@ pub fn run(
 /// What [`run_to_end`]'s error starts with when gloo's program says torch is missing.
 const GLOO_UNAVAILABLE: &str = "unavailable: ";
 
-/// `mpirun`'s version, and the MPI program built with `mpicc` into `target/peers/`.
-fn build_mpi(root: &Path, target: &Path) -> Result<(String, PathBuf), String> {
-    let install = "ci/install-mpi.sh installs OpenMPI";
-    let version = Command::new("mpirun")
+/// `mpirun`'s version (`Open MPI 4.1.4`), or why it does not run.
+fn mpirun_version() -> Result<String, String> {
+    let out = Command::new("mpirun")
         .arg("--version")
         .output()
-        .map_err(|e| format!("mpirun does not run ({e}); {install}"))?;
-    let version = String::from_utf8_lossy(&version.stdout)
+        .map_err(|e| format!("mpirun does not run ({e}); ci/install-mpi.sh installs OpenMPI"))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
         .next()
         .unwrap_or("mpirun (unknown version)")
         .replace("mpirun (Open MPI)", "Open MPI")
         .trim()
-        .to_string();
+        .to_string())
+}
+
+/// `mpirun`'s version, and the MPI program built with `mpicc` into `target/peers/`.
+fn build_mpi(root: &Path, target: &Path) -> Result<(String, PathBuf), String> {
+    let install = "ci/install-mpi.sh installs OpenMPI";
+    let version = mpirun_version()?;
     let dir = target.join("peers");
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let binary = dir.join("mpi_allreduce");
@@ -277,19 +282,8 @@ fn build_mirra_mpi(root: &Path, target: &Path) -> Result<(String, PathBuf), Stri
             tail(&String::from_utf8_lossy(&built.stderr))
         ));
     }
-    let mpi = Command::new("mpirun")
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("mpirun does not run ({e}); ci/install-mpi.sh installs OpenMPI"))?;
-    let over = String::from_utf8_lossy(&mpi.stdout)
-        .lines()
-        .next()
-        .unwrap_or("mpirun (unknown version)")
-        .replace("mpirun (Open MPI)", "Open MPI")
-        .trim()
-        .to_string();
     Ok((
-        format!("mirra mpi over {over}"),
+        format!("mirra mpi over {}", mpirun_version()?),
         target.join("release/examples/mpi_allreduce"),
     ))
 }
