@@ -272,7 +272,14 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                 .clone()
                 .unwrap_or_else(|| workspace_root().join("data").join("mnist"));
             match mnist {
-                Ok(m) => precision::section(&m, &torch_dir, threads, epochs.min(2), a.no_torch),
+                Ok(m) => precision::section(
+                    &m,
+                    &torch_dir,
+                    threads,
+                    epochs.min(2),
+                    matmul_plan(quick),
+                    a.no_torch,
+                ),
                 Err(e) => json!({ "unavailable": format!("cannot load MNIST: {e}") }),
             }
         },

@@ -10,6 +10,7 @@ mod bench_collectives;
 mod bench_core;
 mod bench_gpu;
 mod bench_mirrored;
+mod bf16_matmul;
 mod cli;
 mod compare;
 mod conv_bench;

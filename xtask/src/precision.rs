@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 
 use crate::json::{at_least, at_most, num, opt};
 use crate::table::{cell, mark};
-use crate::{mnist_train, torch_train};
+use crate::timing::Plan;
+use crate::{bf16_matmul, mnist_train, torch_train};
 
 /// The batch of the rows.
 pub const BATCH: usize = 256;
@@ -37,8 +38,10 @@ pub fn section(
     torch_dir: &Path,
     threads: usize,
     epochs: usize,
+    matmul_plan: (Plan, usize),
     no_torch: bool,
 ) -> Value {
+    let matmul = bf16_matmul::compare(threads, matmul_plan.0, matmul_plan.1, no_torch);
     set_num_threads(threads);
     let data = match mirra::recipe::train_pipeline(
         &mnist.train,
@@ -112,6 +115,7 @@ pub fn section(
         "threads": threads,
         "epochs": epochs,
         "bf16_matmul_path": mirra::tensor::bf16_matmul_path(),
+        "matmul_bf16": matmul,
         "mirra": rows,
         "torch": torch,
         "torch_unavailable": torch_unavailable,
@@ -163,6 +167,22 @@ pub fn print_table(p: &Value) {
     if let Some(why) = p["unavailable"].as_str() {
         println!("precision: none ({why})");
         return;
+    }
+    let mm = &p["matmul_bf16"];
+    println!(
+        "bf16 matmul at {} ({} threads)  mirra {} GFLOP/s (f32: {})  PyTorch {}  mirra/PyTorch {} (goal >= {}, floor {})  {}",
+        bf16_matmul::SIZE,
+        cell(&mm["threads"], 0),
+        cell(&mm["mirra_bf16_gflops"], 1),
+        cell(&mm["mirra_f32_gflops"], 1),
+        cell(&mm["torch_bf16_gflops"], 1),
+        cell(&mm["mirra_over_torch"], 3),
+        bf16_matmul::TARGET,
+        bf16_matmul::FLOOR,
+        mark(&mm["targets"]["goal"]["met"]),
+    );
+    if let Some(why) = mm["torch_unavailable"].as_str() {
+        println!("  torch unavailable: {why}");
     }
     println!(
         "cnn at batch {BATCH} by policy     samples/s   activation MiB   (bf16 products: {})",

@@ -158,8 +158,8 @@ float_element!(
     bf16,
     BF16,
     f32,
-    bf16::to_f32,
-    bf16::from_f32,
+    |x: bf16| half_bits::bf16_to_f32(x.to_bits()),
+    |v| bf16::from_bits(half_bits::f32_to_bf16(v)),
     bf16::to_f64,
     |v| bf16::from_f32(f64_to_f32_round_to_odd(v))
 );

@@ -61,6 +61,31 @@ pub fn f32_to_f16(x: f32) -> u16 {
     (h | (sign >> 16)) as u16
 }
 
+/// The f32 of the bf16 with these bits (exact), a NaN made quiet as `half` does.
+#[inline(always)]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let quiet = if h & 0x7fff > 0x7f80 { 0x0040 } else { 0 };
+    f32::from_bits((h | quiet) << 16)
+}
+
+/// The bits of `x` rounded to the nearest bf16, ties to even; a NaN stays a NaN with its
+/// top mantissa bits, made quiet (bit for bit what `half::bf16::from_f32` gives).
+#[inline(always)]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let nan = (bits >> 16) | 0x0040;
+    // Adding just under half a unit, plus the kept part's lowest bit, carries exactly
+    // when the dropped half is above a tie, or a tie with an odd kept part; a carry out
+    // of the mantissa bumps the exponent, up to infinity.
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    (if bits & 0x7fff_ffff > 0x7f80_0000 {
+        nan
+    } else {
+        rounded
+    }) as u16
+}
+
 #[cfg(test)]
 mod tests {
     use half::f16;
@@ -128,6 +153,52 @@ mod tests {
             -0.0,
         ] {
             check(x);
+        }
+    }
+
+    /// Every bf16 widens as `half` widens it, and f32s of every class (ties either way,
+    /// carries into the exponent and up to infinity, subnormals, NaNs with payloads)
+    /// round to what `half` gives: the conversions the kernels inline are half's, faster.
+    #[test]
+    fn bf16_conversions_match_half_bit_for_bit() {
+        use half::bf16;
+        for h in 0..=u16::MAX {
+            let want = bf16::from_bits(h).to_f32();
+            assert_eq!(bf16_to_f32(h).to_bits(), want.to_bits(), "bf16 {h:#06x}");
+        }
+        let mut xs: Vec<u32> = vec![
+            0,
+            0x8000_0000,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x3f80_8001,
+            0x3f80_7fff,
+            0x7f7f_ffff,
+            0x7f7f_8000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7f80_0001,
+            0x7fc0_0000,
+            0xffbf_ffff,
+            0x0000_0001,
+            0x0040_0000,
+            0x807f_ffff,
+            0x0001_8000,
+        ];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            xs.push(state as u32);
+        }
+        for bits in xs {
+            let x = f32::from_bits(bits);
+            assert_eq!(
+                f32_to_bf16(x),
+                bf16::from_f32(x).to_bits(),
+                "f32 {bits:#010x}"
+            );
         }
     }
 }

@@ -61,6 +61,9 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         ));
     }
     mirra::tensor::set_allow_tf32(args.tf32);
+    if let Some(e) = mirra::tensor::bf16_matmul_request_error() {
+        return Err(Failure::Usage(e));
+    }
     let replica_count = args.replica_count();
     if args.mirrored() && devices.len() == 1 {
         // --replicas N on one device: N replicas there.
@@ -276,6 +279,10 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             p if args.ablate_bf16_accumulation => format!(
                 ", precision {} (ABLATION: bf16 products accumulated in bf16)",
                 p.policy()
+            ),
+            crate::Precision::MixedBfloat16 if device.is_cpu() => format!(
+                ", precision mixed_bfloat16 (bf16 products: {})",
+                mirra::tensor::bf16_matmul_path()
             ),
             p => format!(", precision {}", p.policy()),
         },

@@ -521,6 +521,36 @@ fn a_cuda_device_that_is_not_there_is_one_line() {
     );
 }
 
+/// `MIRRA_BF16_MATMUL` names the bf16 kernel: a value that is none of them is one line and
+/// exit 2, before any training; a known one is honoured and printed in the run's header.
+#[test]
+fn the_bf16_kernel_asked_for_is_checked_and_printed() {
+    let args = [
+        &["train"][..],
+        &FAST,
+        &["--epochs", "1", "--precision", "mixed_bfloat16"],
+    ]
+    .concat();
+    let out = command(&args)
+        .env("MIRRA_BF16_MATMUL", "tiles")
+        .output()
+        .unwrap();
+    assert_usage_error(
+        &out,
+        &["MIRRA_BF16_MATMUL=\"tiles\" is none of auto, amx, avx512-bf16, f32"],
+    );
+    let out = command(&args)
+        .env("MIRRA_BF16_MATMUL", "f32")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("precision mixed_bfloat16 (bf16 products: converted to f32 and back (MIRRA_BF16_MATMUL=f32))"),
+        "{stdout}"
+    );
+}
+
 /// A run killed while replacing its `--history` left `.history.json.tmp<PID>` beside it.
 #[test]
 fn temporary_files_a_killed_run_left_beside_its_history_are_removed() {

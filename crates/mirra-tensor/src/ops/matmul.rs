@@ -20,37 +20,6 @@ fn parallel_min_macs() -> usize {
     })
 }
 
-/// How this build computes a bf16 matrix product on this CPU, for reports: always by
-/// converting to f32 and rounding the result once (gemm has no bf16 kernel), and whether
-/// the CPU has the 16-bit units a native kernel would use (AVX-512 BF16; AMX tiles, read
-/// from CPUID leaf 7, EDX bit 22, since their feature detection is not stable Rust).
-pub fn bf16_matmul_path() -> String {
-    #[cfg(target_arch = "x86_64")]
-    let units = {
-        let mut units = Vec::new();
-        if std::arch::is_x86_feature_detected!("avx512bf16") {
-            units.push("AVX-512 BF16");
-        }
-        // Leaf 7 is valid when the maximum leaf (leaf 0's EAX) reaches it.
-        let amx = std::arch::x86_64::__cpuid(0).eax >= 7
-            && std::arch::x86_64::__cpuid_count(7, 0).edx & (1 << 22) != 0;
-        if amx {
-            units.push("AMX-BF16");
-        }
-        units
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let units: Vec<&str> = Vec::new();
-    if units.is_empty() {
-        "converted to f32 and back (this CPU has no AVX-512 BF16 or AMX)".into()
-    } else {
-        format!(
-            "converted to f32 and back (this CPU has {}: no native kernel yet)",
-            units.join(" and ")
-        )
-    }
-}
-
 impl Tensor {
     /// Matrix product over the last two dimensions (`[.., m, k] x [.., k, n]`), with the
     /// leading (batch) dimensions broadcast against each other.
@@ -96,13 +65,19 @@ impl Tensor {
             DType::BF16 if super::bf16_accumulation::bf16_accumulation_ablation() => {
                 super::bf16_accumulation::matmul(a, b, &batch, m, k, n, &out_dims)
             }
-            // Without 16-bit units, 16-bit products are f32 products of the widened
-            // operands, rounded once at the end. gemm has no bf16 kernel; its f16 kernel
-            // widens inside its packing, slower than widening the whole operands once
-            // (the cnn under mixed_float16 at batch 256: 1,390 -> see the note's figure),
-            // and its matrix-vector and k <= 2 paths accumulate in the f16 output.
-            //
-            DType::F16 | DType::BF16 => a
+            DType::BF16 => match super::bf16_gemm::native() {
+                Some(kernel) => bf16_native(kernel, a, b, &batch, m, k, n, &out_dims),
+                None => a
+                    .to_dtype(DType::F32)?
+                    .matmul(&b.to_dtype(DType::F32)?)?
+                    .to_dtype(DType::BF16),
+            },
+            // f16 products (and bf16 ones without 16-bit units) are f32 products of the
+            // widened operands, rounded once at the end. gemm's f16 kernel widens inside
+            // its packing, slower than widening the whole operands once, and its
+            // matrix-vector and k <= 2 paths accumulate in the f16 output; AVX-512 FP16
+            // units would accumulate in f16 too.
+            DType::F16 => a
                 .to_dtype(DType::F32)?
                 .matmul(&b.to_dtype(DType::F32)?)?
                 .to_dtype(a.dtype()),
@@ -139,10 +114,68 @@ fn gemm_batched<T: Element>(
         out.as_bytes_mut()?.fill(0);
         return Tensor::from_buffer(out, out_dims);
     }
-    let (ra, rb) = (a.rank(), b.rank());
-    let (sa, sb) = (a.layout().strides(), b.layout().strides());
-    let (a_rs, a_cs) = (sa[ra - 2] as isize, sa[ra - 1] as isize);
-    let (b_rs, b_cs) = (sb[rb - 2] as isize, sb[rb - 1] as isize);
+    let ((a_rs, a_cs), (b_rs, b_cs)) = (matrix_strides(a), matrix_strides(b));
+    let threads = num_threads();
+    mirra_device::denormals::ensure_this_thread();
+    let parallelism = if threads > 1 && m * n * k >= parallel_min_macs() {
+        crate::threads::ensure_rayon_pool();
+        Parallelism::Rayon(threads)
+    } else {
+        Parallelism::None
+    };
+    let (xa, xb) = (a.buffer().as_slice::<T>()?, b.buffer().as_slice::<T>()?);
+    let dst = out.as_mut_slice::<T>()?;
+    for_each_product(a, b, batch, dst, m * n, |chunk, oa, ob| {
+        if m > 0 && n > 0 {
+            // SAFETY: `chunk` holds m x n elements written with strides (n, 1); the operand
+            // pointers start at valid offsets of their buffers, and their layouts were
+            // built by this crate, so every element that (m, k) x (k, n) with these strides
+            // reads lies inside its buffer. T is f32 or f64, which gemm supports.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    chunk.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    xa.as_ptr().add(oa),
+                    a_cs as isize,
+                    a_rs as isize,
+                    xb.as_ptr().add(ob),
+                    b_cs as isize,
+                    b_rs as isize,
+                    <T as Element>::from_f64(0.0),
+                    <T as Element>::from_f64(1.0),
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                );
+            }
+        }
+    });
+    Tensor::from_buffer(out, out_dims)
+}
+
+/// The (row, column) strides of a tensor's last two dimensions.
+fn matrix_strides(t: &Tensor) -> (usize, usize) {
+    let (r, s) = (t.rank(), t.layout().strides());
+    (s[r - 2], s[r - 1])
+}
+
+/// Calls `f(product, offset_a, offset_b)` for every matrix of the broadcast `batch`, in
+/// order: `product` is that matrix's `elems` elements of `dst`, the offsets are where the
+/// operands' matrices start in their buffers.
+fn for_each_product<E>(
+    a: &Tensor,
+    b: &Tensor,
+    batch: &Shape,
+    dst: &mut [E],
+    elems: usize,
+    mut f: impl FnMut(&mut [E], usize, usize),
+) {
     // Batch strides of each operand, broadcast to the common batch shape.
     let batch_strides = |t: &Tensor| -> [usize; MAX_RANK] {
         let r = t.rank();
@@ -157,56 +190,15 @@ fn gemm_batched<T: Element>(
         strides
     };
     let (bsa, bsb) = (batch_strides(a), batch_strides(b));
-    let threads = num_threads();
-    mirra_device::denormals::ensure_this_thread();
-    let parallelism = if threads > 1 && m * n * k >= parallel_min_macs() {
-        crate::threads::ensure_rayon_pool();
-        Parallelism::Rayon(threads)
-    } else {
-        Parallelism::None
-    };
-    let (xa, xb) = (a.buffer().as_slice::<T>()?, b.buffer().as_slice::<T>()?);
-    let dst = out.as_mut_slice::<T>()?;
     let mut index = [0usize; MAX_RANK];
-    for chunk in dst
-        .chunks_exact_mut((m * n).max(1))
-        .take(batch.elem_count())
-    {
+    for chunk in dst.chunks_exact_mut(elems.max(1)).take(batch.elem_count()) {
         let mut oa = a.layout().offset();
         let mut ob = b.layout().offset();
         for d in 0..batch.rank() {
             oa += index[d] * bsa[d];
             ob += index[d] * bsb[d];
         }
-        if m > 0 && n > 0 {
-            // SAFETY: `dst` holds m x n elements written with strides (n, 1); the operand
-            // pointers start at valid offsets of their buffers, and their layouts were
-            // built by this crate, so every element that (m, k) x (k, n) with these strides
-            // reads lies inside its buffer. T is f32, f64 or f16, which gemm supports.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    chunk.as_mut_ptr(),
-                    1,
-                    n as isize,
-                    false,
-                    xa.as_ptr().add(oa),
-                    a_cs,
-                    a_rs,
-                    xb.as_ptr().add(ob),
-                    b_cs,
-                    b_rs,
-                    <T as Element>::from_f64(0.0),
-                    <T as Element>::from_f64(1.0),
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                );
-            }
-        }
+        f(chunk, oa, ob);
         for d in (0..batch.rank()).rev() {
             index[d] += 1;
             if index[d] < batch[d] {
@@ -215,6 +207,48 @@ fn gemm_batched<T: Element>(
             index[d] = 0;
         }
     }
+}
+
+/// A bf16 product on the CPU's 16-bit units (see `bf16_gemm`).
+#[allow(clippy::too_many_arguments)]
+fn bf16_native(
+    kernel: super::bf16_gemm::Native,
+    a: &Tensor,
+    b: &Tensor,
+    batch: &Shape,
+    m: usize,
+    k: usize,
+    n: usize,
+    out_dims: &[usize],
+) -> Result<Tensor> {
+    use super::bf16_pack::Operand;
+    let out_shape = Shape::new(out_dims)?;
+    let mut out = Buffer::alloc(DType::BF16, out_shape.elem_count(), a.device())?;
+    let threads = if m * n * k >= parallel_min_macs() {
+        num_threads()
+    } else {
+        1
+    };
+    mirra_device::denormals::ensure_this_thread();
+    let ((a_rs, a_cs), (b_rs, b_cs)) = (matrix_strides(a), matrix_strides(b));
+    let xa: &[u16] = bytemuck::cast_slice(a.buffer().as_slice::<half::bf16>()?);
+    let xb: &[u16] = bytemuck::cast_slice(b.buffer().as_slice::<half::bf16>()?);
+    let dst = out.as_mut_slice::<half::bf16>()?;
+    for_each_product(a, b, batch, dst, m * n, |chunk, oa, ob| {
+        let a = Operand {
+            data: xa,
+            offset: oa,
+            row_stride: a_rs,
+            col_stride: a_cs,
+        };
+        let b = Operand {
+            data: xb,
+            offset: ob,
+            row_stride: b_rs,
+            col_stride: b_cs,
+        };
+        kernel.product(a, b, m, k, n, chunk, threads);
+    });
     Tensor::from_buffer(out, out_dims)
 }
 

@@ -1,7 +1,13 @@
 //! Tensor operations, one module per family. Each family has one generic kernel that
 //! serves every dtype it supports.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16;
 mod bf16_accumulation;
+mod bf16_gemm;
+mod bf16_pack;
 mod channels;
 mod conv;
 mod cuda;
@@ -14,6 +20,6 @@ mod shape_ops;
 mod softmax;
 
 pub use bf16_accumulation::{bf16_accumulation_ablation, set_bf16_accumulation_ablation};
+pub use bf16_gemm::{bf16_matmul_path, bf16_matmul_request_error};
 pub use conv::{Padding, Window, MAX_SPATIAL};
 pub use elementwise::{BinaryOp, UnaryOp};
-pub use matmul::bf16_matmul_path;
