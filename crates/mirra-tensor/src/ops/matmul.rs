@@ -65,19 +65,15 @@ impl Tensor {
             DType::BF16 if super::bf16_accumulation::bf16_accumulation_ablation() => {
                 super::bf16_accumulation::matmul(a, b, &batch, m, k, n, &out_dims)
             }
-            DType::BF16 => match super::bf16_gemm::native() {
-                Some(kernel) => bf16_native(kernel, a, b, &batch, m, k, n, &out_dims),
-                None => a
-                    .to_dtype(DType::F32)?
-                    .matmul(&b.to_dtype(DType::F32)?)?
-                    .to_dtype(DType::BF16),
-            },
+            DType::BF16 if let Some(kernel) = super::bf16_gemm::native() => {
+                bf16_native(kernel, a, b, &batch, m, k, n, &out_dims)
+            }
             // f16 products (and bf16 ones without 16-bit units) are f32 products of the
             // widened operands, rounded once at the end. gemm's f16 kernel widens inside
             // its packing, slower than widening the whole operands once, and its
             // matrix-vector and k <= 2 paths accumulate in the f16 output; AVX-512 FP16
             // units would accumulate in f16 too.
-            DType::F16 => a
+            DType::F16 | DType::BF16 => a
                 .to_dtype(DType::F32)?
                 .matmul(&b.to_dtype(DType::F32)?)?
                 .to_dtype(a.dtype()),
