@@ -2,19 +2,25 @@
 //!
 //! The GPU machine has the NVIDIA driver, CUDA's libraries and PyTorch but no Rust
 //! toolchain, and a session has minutes on it. So the binaries are built here: `mirra`,
-//! this xtask (for `gpu-probe` and the GPU benchmarks), and the test binaries of every
-//! crate with GPU tests (`#[ignore = "needs a CUDA device"]`, run there with `--ignored`),
-//! beside `gpu-check.sh` (from `ci/`) and its Python helpers. The folder must stay under
-//! 64 MiB, what the device tool carries: debug information is stripped.
+//! this xtask (for `gpu-probe` and the GPU benchmarks), both in release, and the test
+//! binaries of every crate with GPU tests (`#[ignore = "needs a CUDA device"]`, run there
+//! with `--ignored`), beside `gpu-check.sh` (from `ci/`) and its Python helpers. The test
+//! binaries are those of the README's test command (`cargo test --workspace`, dev profile),
+//! which CI has just built, so the bundle compiles no test twice. The folder must stay
+//! under 64 MiB, what the device tool carries: debug information is stripped and the test
+//! binaries are gzipped (`tests/NAME.gz`; `gpu-check.sh` unpacks them).
 //!
 //! Run it there with the device tool: `run(command: "bash target/gpu-bundle/gpu-check.sh",
 //! carry: ["target/gpu-bundle"])`.
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Parser;
+use flate2::write::GzEncoder;
+use flate2::Compression;
 
 use crate::paths::{target_dir, workspace_root};
 use crate::{cli, Failure};
@@ -83,21 +89,25 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         copy_binary(&release.join(bin), &out.join(bin))?;
     }
 
+    // The README's test build (`cargo test --workspace`, dev profile): CI has just made it,
+    // so nothing is compiled twice; a narrower package list would unify features
+    // differently and rebuild. Only the GPU packages' binaries are kept.
     println!(
-        "# building the GPU test binaries (release): {}",
+        "# the GPU test binaries (the test build of `cargo test --workspace`): {}",
         GPU_TEST_PACKAGES.join(", ")
     );
-    let mut test_args = vec!["test", "--release", "--no-run", "--message-format=json"];
-    for p in GPU_TEST_PACKAGES {
-        test_args.extend(["-p", p]);
-    }
-    let json = cargo(&root, &test_args)?;
+    let json = cargo(
+        &root,
+        &["test", "--workspace", "--no-run", "--message-format=json"],
+    )?;
     let tests = test_executables(&json);
     if tests.is_empty() {
         return Err(Failure::run("gpu-bundle: cargo built no test binaries"));
     }
     for (name, path) in &tests {
-        copy_binary(path, &out.join("tests").join(name))?;
+        let plain = out.join("tests").join(name);
+        copy_binary(path, &plain)?;
+        gzip_file(&plain, &out.join("tests").join(format!("{name}.gz")))?;
     }
 
     for script in SCRIPTS {
@@ -162,6 +172,11 @@ fn test_executables(json: &str) -> Vec<(String, PathBuf)> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter(|m| {
+            m["package_id"]
+                .as_str()
+                .is_some_and(|id| GPU_TEST_PACKAGES.iter().any(|p| names_package(id, p)))
+        })
+        .filter(|m| {
             m["target"]["src_path"]
                 .as_str()
                 .is_none_or(|src| holds_gpu_tests(Path::new(src)))
@@ -173,6 +188,18 @@ fn test_executables(json: &str) -> Vec<(String, PathBuf)> {
             Some((format!("{name}-{kind}"), PathBuf::from(exe)))
         })
         .collect()
+}
+
+/// Whether cargo's package id names `package`: `path+file:///w/crates/mirra-cuda#0.1.0`
+/// (the folder is the package's name), or `path+file:///w/crates/x#mirra-cuda@0.1.0`.
+fn names_package(id: &str, package: &str) -> bool {
+    let Some((url, fragment)) = id.rsplit_once('#') else {
+        return false;
+    };
+    match fragment.split_once('@') {
+        Some((name, _)) => name == package,
+        None => url.rsplit('/').next() == Some(package),
+    }
 }
 
 /// What marks a GPU test: `#[ignore = "needs a CUDA device"]`.
@@ -218,6 +245,22 @@ fn copy_binary(from: &Path, to: &Path) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Replaces `plain` by its gzip, `gz`.
+fn gzip_file(plain: &Path, gz: &Path) -> Result<(), Failure> {
+    let fail = |e: std::io::Error| {
+        Failure::run(format!(
+            "gpu-bundle: cannot gzip {} into {}: {e}",
+            plain.display(),
+            gz.display()
+        ))
+    };
+    let data = fs::read(plain).map_err(fail)?;
+    let mut enc = GzEncoder::new(fs::File::create(gz).map_err(fail)?, Compression::default());
+    enc.write_all(&data).map_err(fail)?;
+    enc.finish().map_err(fail)?;
+    fs::remove_file(plain).map_err(fail)
 }
 
 /// What is in the bundle and what it was built from.
@@ -303,16 +346,25 @@ mod tests {
 
     #[test]
     fn test_executables_are_read_from_cargo_messages() {
-        let json = r#"{"reason":"compiler-artifact","profile":{"test":true},"target":{"name":"mirra_cuda","kind":["lib"]},"executable":"/t/release/deps/mirra_cuda-abc"}
-{"reason":"compiler-artifact","profile":{"test":false},"target":{"name":"half","kind":["lib"]},"executable":null}
-{"reason":"compiler-artifact","profile":{"test":true},"target":{"name":"no_gpu","kind":["test"],"src_path":"/nonexistent/tests/no_gpu.rs"},"executable":"/t/release/deps/no_gpu-abc"}
+        let json = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/crates/mirra-cuda#0.1.0","profile":{"test":true},"target":{"name":"mirra_cuda","kind":["lib"]},"executable":"/t/debug/deps/mirra_cuda-abc"}
+{"reason":"compiler-artifact","package_id":"registry+https://github.com/rust-lang/crates.io-index#half@2.4.1","profile":{"test":false},"target":{"name":"half","kind":["lib"]},"executable":null}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/mirra-cuda#0.1.0","profile":{"test":true},"target":{"name":"no_gpu","kind":["test"],"src_path":"/nonexistent/tests/no_gpu.rs"},"executable":"/t/debug/deps/no_gpu-abc"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/mirra-data#0.1.0","profile":{"test":true},"target":{"name":"mirra_data","kind":["lib"]},"executable":"/t/debug/deps/mirra_data-abc"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/x#mirra-tensor@0.1.0","profile":{"test":true},"target":{"name":"mirra_tensor","kind":["lib"]},"executable":"/t/debug/deps/mirra_tensor-abc"}
 {"reason":"build-finished","success":true}"#;
+        // mirra-data is not a GPU package: left out whatever its sources say.
         assert_eq!(
             test_executables(json),
-            vec![(
-                "mirra_cuda-lib".to_string(),
-                PathBuf::from("/t/release/deps/mirra_cuda-abc")
-            )]
+            vec![
+                (
+                    "mirra_cuda-lib".to_string(),
+                    PathBuf::from("/t/debug/deps/mirra_cuda-abc")
+                ),
+                (
+                    "mirra_tensor-lib".to_string(),
+                    PathBuf::from("/t/debug/deps/mirra_tensor-abc")
+                )
+            ]
         );
     }
 
