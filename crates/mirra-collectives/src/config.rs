@@ -24,6 +24,21 @@ pub const DEFAULT_SPIN: Duration = Duration::ZERO;
 /// ranks, compute) still get the core. The small-message times above do not change between
 /// 200 us and 5 ms.
 pub const DEFAULT_PARK_AFTER: Duration = Duration::from_micros(500);
+/// Default size up to which an all-reduce of `direct` is posted eagerly and run in one
+/// shot (`MIRRA_EAGER_BYTES`: see [`Config::eager_bytes`]) when every rank can have a core.
+///
+/// Measured on the 2-core development machine (`docs/COLLECTIVES.md`): with a core per
+/// rank a synchronisation is one cache-line transfer, and the one-shot schedule's extra
+/// reads cost more than the two it saves from 1 KiB up (at 2 ranks, 4 KiB: 1.32 us one
+/// shot, 0.77 us two); at 256 bytes one shot is 12% faster.
+pub const DEFAULT_EAGER_BYTES: usize = 512;
+/// Default eager size when the group has more ranks than the process has cores: then a
+/// waiting rank yields its core, every synchronisation costs context switches, and one
+/// shot wins up to a few KiB (4 ranks on 2 cores: 8.1 against 9.9 us at 4 KiB, 16.6
+/// against 12.2 us at 16 KiB).
+pub const DEFAULT_EAGER_BYTES_OVERSUBSCRIBED: usize = 8 << 10;
+/// Largest accepted eager size: every rank keeps two copies of it.
+pub const MAX_EAGER_BYTES: usize = 1 << 20;
 /// Smallest accepted slice: smaller slices only add synchronisation.
 pub const MIN_SLICE_BYTES: usize = 512;
 
@@ -46,6 +61,14 @@ pub struct Config {
     pub slice_bytes: usize,
     /// How long a waiting rank spins before it yields its core (`MIRRA_SPIN_US`).
     pub spin: Duration,
+    /// Largest message that `direct` all-reduces in one shot (`MIRRA_EAGER_BYTES`, at most
+    /// [`MAX_EAGER_BYTES`]; 0 turns it off): each rank posts a copy of its input into
+    /// memory of the group, then reduces every rank's copy into its own buffer. One
+    /// synchronisation instead of three (no one touches another rank's buffer, so no rank
+    /// waits for the others to finish), for `n` times the reads. `None` (the default):
+    /// [`DEFAULT_EAGER_BYTES`], or [`DEFAULT_EAGER_BYTES_OVERSUBSCRIBED`] for a group with
+    /// more ranks than the process has cores.
+    pub eager_bytes: Option<usize>,
     /// How long a waiting rank yields before it parks (`MIRRA_PARK_US`), counted from the
     /// start of the wait.
     pub park_after: Duration,
@@ -69,6 +92,9 @@ impl Config {
             spin: env_u64("MIRRA_SPIN_US")
                 .map(Duration::from_micros)
                 .unwrap_or(DEFAULT_SPIN),
+            eager_bytes: env_u64("MIRRA_EAGER_BYTES")
+                .and_then(|b| usize::try_from(b).ok())
+                .map(|b| b.min(MAX_EAGER_BYTES)),
             park_after: env_u64("MIRRA_PARK_US")
                 .map(Duration::from_micros)
                 .unwrap_or(DEFAULT_PARK_AFTER),
@@ -93,6 +119,24 @@ impl Config {
         self
     }
 
+    /// This config with another eager size (at most [`MAX_EAGER_BYTES`]; 0: never eager).
+    pub fn with_eager_bytes(mut self, eager_bytes: usize) -> Config {
+        self.eager_bytes = Some(eager_bytes.min(MAX_EAGER_BYTES));
+        self
+    }
+
+    /// The eager size of a group of `world` ranks (see [`Config::eager_bytes`]).
+    pub fn eager_bytes_for(&self, world: usize) -> usize {
+        self.eager_bytes.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+            if world > cores {
+                DEFAULT_EAGER_BYTES_OVERSUBSCRIBED
+            } else {
+                DEFAULT_EAGER_BYTES
+            }
+        })
+    }
+
     /// This config with another time before parking.
     pub fn with_park_after(mut self, park_after: Duration) -> Config {
         self.park_after = park_after;
@@ -103,5 +147,29 @@ impl Config {
 impl Default for Config {
     fn default() -> Config {
         Config::from_env()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eager_size_follows_oversubscription_unless_set() {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let auto = Config {
+            eager_bytes: None,
+            ..Config::default()
+        };
+        assert_eq!(auto.eager_bytes_for(1), DEFAULT_EAGER_BYTES);
+        assert_eq!(auto.eager_bytes_for(cores), DEFAULT_EAGER_BYTES);
+        assert_eq!(
+            auto.eager_bytes_for(cores + 1),
+            DEFAULT_EAGER_BYTES_OVERSUBSCRIBED
+        );
+        let set = auto.clone().with_eager_bytes(100);
+        assert_eq!(set.eager_bytes_for(cores + 1), 100);
+        let capped = auto.with_eager_bytes(usize::MAX);
+        assert_eq!(capped.eager_bytes_for(2), MAX_EAGER_BYTES);
     }
 }

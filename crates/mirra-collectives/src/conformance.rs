@@ -28,7 +28,7 @@ use crate::reduce::{with_dtype, Reducible};
 use crate::transport::slicing;
 use crate::{
     cpu_group, reference, Collective, CollectiveError, Communicator, Config, ReduceOp, BACKENDS,
-    DEFAULT_SLICE_BYTES, SUPPORTED_DTYPES,
+    DEFAULT_SLICE_BYTES, MAX_EAGER_BYTES, SUPPORTED_DTYPES,
 };
 
 type Comm = Box<dyn Communicator>;
@@ -163,6 +163,9 @@ enum Slicing {
     Many,
     /// The default slice size, under which every grid buffer is one slice (an ablation).
     OnePerBuffer,
+    /// Every grid buffer posted eagerly: `direct`'s one-shot all-reduce (the two above
+    /// turn eager posting off, so they test the sliced schedules).
+    Eager,
 }
 
 /// A small number mixed from `r` and `i` (splitmix64 of both): neighbouring ranks and
@@ -203,9 +206,13 @@ fn grid_config(n: usize, len: usize, slicing: Slicing) -> Config {
     // The field, not `with_slice_bytes`, which keeps slices of at least 512 bytes.
     config.slice_bytes = match slicing {
         Slicing::Many => many_slices_bytes(n, len),
-        Slicing::OnePerBuffer => DEFAULT_SLICE_BYTES,
+        Slicing::OnePerBuffer | Slicing::Eager => DEFAULT_SLICE_BYTES,
     };
-    config
+    config.with_eager_bytes(if slicing == Slicing::Eager {
+        MAX_EAGER_BYTES
+    } else {
+        0
+    })
 }
 
 fn conv<T: Reducible>(x: i64) -> T {
@@ -395,7 +402,12 @@ fn run_grid(backend: &str, part: Part, run: &GridRun<'_>) -> Vec<String> {
 }
 
 fn grid(backend: &str, part: Part) {
-    let failures = run_grid(backend, part, &FULL_GRID);
+    let eager = GridRun {
+        slicing: Slicing::Eager,
+        ..FULL_GRID
+    };
+    let mut failures = run_grid(backend, part, &FULL_GRID);
+    failures.extend(run_grid(backend, part, &eager));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -460,6 +472,19 @@ fn grid_catches_broken_schedules(backend: &str) {
                 missed.join("\n")
             );
         }
+    }
+    // The one-shot all-reduce (every buffer eager) has no slices to get wrong, but it
+    // combines every rank's copy: a repeated source must not pass it either.
+    if backend != "ring" {
+        let eager = small(
+            Inputs::PerRank,
+            Slicing::Eager,
+            Some(Mutant::RepeatedSource),
+        );
+        assert!(
+            !run_grid(backend, Part::AllReduce, &eager).is_empty(),
+            "{backend}: RepeatedSource passes the eager all-reduce grid"
+        );
     }
 }
 

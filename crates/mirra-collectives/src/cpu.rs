@@ -10,6 +10,10 @@
 //! 5. exit: wait until every rank has left the data phase, after which no peer touches
 //!    this rank's buffers and the call may return (and the caller may free them).
 //!
+//! A collective the algorithm posts eagerly (its input copied into the group's memory at
+//! step 1: `direct`'s small all-reduces) skips the data phase's entry and exit
+//! handshakes: no rank touches another caller's buffer, so none waits for the others.
+//!
 //! On a timeout, an abort or a dead peer, the rank aborts the group (recording the first
 //! cause) and waits until no peer is inside a data phase before it returns the error.
 //!
@@ -140,7 +144,12 @@ impl Rank {
             rank: me,
             armed: true,
         };
-        g.post(me, seq, &desc);
+        g.post(
+            me,
+            seq,
+            &desc,
+            self.algo.eager(&desc, g.world_size(), g.eager_bytes),
+        );
         if let Err(stop) = g.wait_posted(me, seq, deadline) {
             return Err(self.fail(guard, kind, stop));
         }
@@ -154,10 +163,13 @@ impl Rank {
             guard.disarm();
             return Ok(());
         }
-        if !g.enter_data(me, seq) {
+        let ctx = Ctx::new(g, me, seq, deadline, desc);
+        // An eager data phase touches no caller's buffer but this rank's own: no peer needs
+        // to know when this rank is in it or done with it (see `Ctx::is_eager`).
+        let handshakes = !ctx.is_eager();
+        if handshakes && !g.enter_data(me, seq) {
             return Err(self.fail(guard, kind, Stop::Aborted));
         }
-        let ctx = Ctx::new(g, me, seq, deadline, desc);
         let algo = self.algo;
         let res = match kind {
             Collective::AllReduce => algo.all_reduce(&ctx),
@@ -167,6 +179,15 @@ impl Rank {
             Collective::Reduce => algo.reduce(&ctx),
             Collective::Barrier => Ok(()),
         };
+        if !handshakes {
+            return match res {
+                Ok(()) => {
+                    guard.disarm();
+                    Ok(())
+                }
+                Err(stop) => Err(self.fail(guard, kind, stop)),
+            };
+        }
         match res {
             Ok(()) => g.leave_data(me, Some(seq)),
             Err(stop) => {

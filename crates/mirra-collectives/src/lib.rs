@@ -69,7 +69,8 @@ pub use algo::BACKENDS;
 pub use collective::Collective;
 pub use comm::{AbortHandle, Communicator, Completion, Work};
 pub use config::{
-    Config, DEFAULT_PARK_AFTER, DEFAULT_SLICE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, MIN_SLICE_BYTES,
+    Config, DEFAULT_EAGER_BYTES, DEFAULT_EAGER_BYTES_OVERSUBSCRIBED, DEFAULT_PARK_AFTER,
+    DEFAULT_SLICE_BYTES, DEFAULT_SPIN, DEFAULT_TIMEOUT, MAX_EAGER_BYTES, MIN_SLICE_BYTES,
 };
 pub use cpu::cpu_group;
 pub use device::{cuda_ring_traffic, device_group, DEVICE_BACKENDS};

@@ -4,8 +4,9 @@
 //! write) its peers' buffers directly. A group is one [`Group`] shared by all ranks:
 //!
 //! - a **slot** per rank and sequence parity where the rank posts its next collective
-//!   (kind, operator, root, dtypes, lengths, buffer pointers) before announcing it through
-//!   its `posted` counter (the rendezvous);
+//!   (kind, operator, root, dtypes, lengths, buffer pointers) and then, last, its sequence
+//!   number (the rendezvous). Description and number share one cache line, so a peer
+//!   waiting for the number receives the description in the same transfer;
 //! - per-rank **progress counters** (`progress`, one per lane) that an algorithm bumps as
 //!   it finishes slices, and that peers wait on before they read what it wrote;
 //! - per-rank `in_data` and `exited` words that tell when a rank is inside a data phase and
@@ -257,16 +258,22 @@ impl std::fmt::Display for Place {
     }
 }
 
-/// A posted [`Desc`], as atomics: written by its rank before it announces the collective
-/// (release) and read by peers after they saw the announcement (acquire), so relaxed
-/// accesses suffice here.
+/// One posted collective: its sequence number and its [`Desc`], as atomics, in one cache
+/// line. The fields are written by its rank before it stores `seq` (release) and read by
+/// peers after they saw `seq` (acquire), so relaxed accesses suffice for them; and since
+/// they share `seq`'s line, the transfer that shows a peer the announcement brings it the
+/// description too. Aligned to 128 bytes: the adjacent-line prefetcher pairs lines.
+#[repr(C, align(128))]
 #[derive(Default)]
 struct Slot {
-    /// kind | op << 8 | dtype_in << 16 | dtype_out << 24.
+    /// Sequence number of the collective described here (0: none yet).
+    seq: AtomicU64,
+    /// kind | op << 8 | dtype_in << 16 | dtype_out << 24, and [`EAGER`] when the input was
+    /// posted eagerly.
     tags: AtomicU64,
+    /// dev_in's code | dev_out's code << 32.
+    places: AtomicU64,
     root: AtomicUsize,
-    dev_in: AtomicUsize,
-    dev_out: AtomicUsize,
     len_in: AtomicUsize,
     len_out: AtomicUsize,
     src: AtomicPtr<u8>,
@@ -338,12 +345,23 @@ impl Desc {
     }
 }
 
+/// The tag bit of a slot whose input was posted eagerly: copied into the rank's eager
+/// buffer, which peers read instead of the caller's.
+const EAGER: u64 = 1 << 32;
+
+// The sequence number and the whole description fit one cache line.
+const _: () = assert!(std::mem::offset_of!(Slot, dst) + std::mem::size_of::<AtomicPtr<u8>>() <= 64);
+
 impl Slot {
-    fn store(&self, d: &Desc) {
-        self.tags.store(d.tags(), Ordering::Relaxed);
+    /// Write `d`'s fields (the caller then publishes `seq`); `eager`: its input was copied
+    /// into the rank's eager buffer.
+    fn store(&self, d: &Desc, eager: bool) {
+        // Place codes are CUDA ordinals plus one: the driver counts devices in an `int`.
+        let places = d.dev_in.code() as u64 | (d.dev_out.code() as u64) << 32;
+        let eager = if eager { EAGER } else { 0 };
+        self.tags.store(d.tags() | eager, Ordering::Relaxed);
+        self.places.store(places, Ordering::Relaxed);
         self.root.store(d.root, Ordering::Relaxed);
-        self.dev_in.store(d.dev_in.code(), Ordering::Relaxed);
-        self.dev_out.store(d.dev_out.code(), Ordering::Relaxed);
         self.len_in.store(d.len_in, Ordering::Relaxed);
         self.len_out.store(d.len_out, Ordering::Relaxed);
         self.src.store(d.src.cast_mut(), Ordering::Relaxed);
@@ -351,13 +369,11 @@ impl Slot {
     }
 
     fn load(&self) -> Desc {
+        let places = self.places.load(Ordering::Relaxed);
         Desc::from_parts(
             self.tags.load(Ordering::Relaxed),
             self.root.load(Ordering::Relaxed),
-            [
-                self.dev_in.load(Ordering::Relaxed),
-                self.dev_out.load(Ordering::Relaxed),
-            ],
+            [(places & 0xffff_ffff) as usize, (places >> 32) as usize],
             [
                 self.len_in.load(Ordering::Relaxed),
                 self.len_out.load(Ordering::Relaxed),
@@ -368,25 +384,59 @@ impl Slot {
             ],
         )
     }
+
+    fn is_eager(&self) -> bool {
+        self.tags.load(Ordering::Relaxed) & EAGER != 0
+    }
+
+    /// One posted buffer: its address and length in elements.
+    fn buffer(&self, side: Side) -> (*mut u8, usize) {
+        match side {
+            Side::Send => (
+                self.src.load(Ordering::Relaxed),
+                self.len_in.load(Ordering::Relaxed),
+            ),
+            Side::Recv => (
+                self.dst.load(Ordering::Relaxed),
+                self.len_out.load(Ordering::Relaxed),
+            ),
+        }
+    }
 }
 
-/// Everything one rank publishes. Written only by its rank (and, for `posted` and
-/// `progress`, only ever increased), read by all; padded so that ranks never share a
-/// cache line.
-#[repr(align(128))]
+/// A rank's data-phase words, on a line of their own: the owner writes them at the start
+/// and at the end of a data phase; peers read `exited` once, at the end.
+#[repr(C, align(128))]
 #[derive(Default)]
-struct RankState {
-    /// Sequence number of the last collective this rank posted.
-    posted: AtomicU64,
+struct Phase {
     /// Sequence number of the collective whose data phase this rank is in; 0 outside.
     in_data: AtomicU64,
     /// Sequence number of the last collective whose data phase this rank has left.
     exited: AtomicU64,
-    /// Progress of the current data phase, `seq << UNIT_BITS | units`, per lane.
-    progress: [AtomicU64; LANES],
+}
+
+/// A rank's progress counters, on a line of their own.
+#[repr(C, align(128))]
+#[derive(Default)]
+struct Lanes([AtomicU64; LANES]);
+
+/// Everything one rank publishes. Written only by its rank (and, for sequence numbers and
+/// `progress`, only ever increased), read by all. Each part has its own cache lines, so
+/// what a rank writes in one phase never evicts what its peers read in another (the
+/// posted descriptions stay shared through the data phase), and ranks never share a line.
+#[derive(Default)]
+struct RankState {
     /// Posted collectives, by sequence parity: a rank can be at most one collective ahead
     /// of the slowest peer, so the slot a peer is reading is never the one being written.
     slots: [Slot; 2],
+    phase: Phase,
+    /// Progress of the current data phase, `seq << UNIT_BITS | units`, per lane.
+    progress: Lanes,
+    /// Eager copies of posted inputs ([`Group::post`]), by sequence parity like `slots`:
+    /// `eager_bytes` each, written by this rank before it posts and read by peers
+    /// in the data phase. Atomics only so that the group is `Sync`: accessed through raw
+    /// pointers, never concurrently (see [`Group::post`]).
+    eager: [Box<[AtomicU64]>; 2],
 }
 
 /// The state one group of ranks shares.
@@ -400,19 +450,32 @@ pub(crate) struct Group {
     park_lock: Mutex<()>,
     park_cv: Condvar,
     pub(crate) config: Config,
+    /// The largest input posted eagerly ([`Config::eager_bytes_for`] this group).
+    pub(crate) eager_bytes: usize,
 }
 
 impl Group {
     pub(crate) fn new(n: usize, config: Config) -> Group {
+        let eager_bytes = config.eager_bytes_for(n);
         Group {
             n,
-            ranks: (0..n).map(|_| RankState::default()).collect(),
+            ranks: (0..n)
+                .map(|_| {
+                    let words = eager_bytes.div_ceil(8);
+                    let buffer = || (0..words).map(|_| AtomicU64::new(0)).collect();
+                    RankState {
+                        eager: [buffer(), buffer()],
+                        ..RankState::default()
+                    }
+                })
+                .collect(),
             aborted: AtomicBool::new(false),
             cause: Mutex::new(None),
             parked: AtomicUsize::new(0),
             park_lock: Mutex::new(()),
             park_cv: Condvar::new(),
             config,
+            eager_bytes,
         }
     }
 
@@ -556,17 +619,54 @@ impl Group {
             })
     }
 
-    /// Post collective `seq` of rank `me`.
-    pub(crate) fn post(&self, me: usize, seq: u64, desc: &Desc) {
+    /// Post collective `seq` of rank `me`; with `eager`, its input is first copied into
+    /// the rank's eager buffer of that parity, where peers read it ([`Ctx::is_eager`]),
+    /// when it is a host buffer that fits. Returns whether it was.
+    ///
+    /// Nobody reads that eager buffer meanwhile: peers read it only inside the data phase
+    /// of the collective two before, `seq - 2`, and each of them posted `seq - 1` after it
+    /// left that data phase, which this rank waited for before it returned from `seq - 1`.
+    pub(crate) fn post(&self, me: usize, seq: u64, desc: &Desc, eager: bool) -> bool {
         let r = &self.ranks[me];
-        r.slots[(seq & 1) as usize].store(desc);
-        self.publish(&r.posted, seq);
+        let parity = (seq & 1) as usize;
+        let bytes = desc.len_in.saturating_mul(desc.dtype_in.size_in_bytes());
+        let buffer = &r.eager[parity];
+        let eager = eager
+            && desc.dev_in == Place::Cpu
+            && !desc.src.is_null()
+            && bytes <= buffer.len() * std::mem::size_of::<AtomicU64>();
+        if eager {
+            // SAFETY: `src` is the caller's live host buffer of `len_in` elements of
+            // `dtype_in` (the collective borrows it until it returns); the eager buffer
+            // holds `bytes`, is this rank's, and nobody reads it now (above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    desc.src,
+                    buffer.as_ptr().cast::<u8>().cast_mut(),
+                    bytes,
+                )
+            };
+        }
+        let slot = &r.slots[parity];
+        slot.store(desc, eager);
+        self.publish(&slot.seq, seq);
+        eager
+    }
+
+    /// Whether every rank posted collective `seq` eagerly (valid once the rendezvous is
+    /// done).
+    pub(crate) fn all_eager(&self, seq: u64) -> bool {
+        let parity = (seq & 1) as usize;
+        self.ranks.iter().all(|r| r.slots[parity].is_eager())
     }
 
     /// The rendezvous: wait until every rank has posted collective `seq`.
     pub(crate) fn wait_posted(&self, me: usize, seq: u64, deadline: Instant) -> Result<(), Stop> {
         self.wait_peers(me, Some(deadline), true, |p| {
-            self.ranks[p].posted.load(Ordering::Acquire) >= seq
+            self.ranks[p].slots[(seq & 1) as usize]
+                .seq
+                .load(Ordering::Acquire)
+                >= seq
         })
     }
 
@@ -575,12 +675,27 @@ impl Group {
         self.ranks[p].slots[(seq & 1) as usize].load()
     }
 
+    /// The buffer on `side` that rank `p` posted for collective `seq`: address and
+    /// elements (valid once the rendezvous is done).
+    /// An eagerly posted input is read from the rank's eager buffer.
+    fn posted_buffer(&self, p: usize, seq: u64, side: Side) -> (*mut u8, usize) {
+        let parity = (seq & 1) as usize;
+        let (slot, eager) = (&self.ranks[p].slots[parity], &self.ranks[p].eager[parity]);
+        match side {
+            Side::Send if slot.is_eager() => (
+                eager.as_ptr().cast::<u8>().cast_mut(),
+                slot.len_in.load(Ordering::Relaxed),
+            ),
+            _ => slot.buffer(side),
+        }
+    }
+
     /// Enter the data phase of `seq`. Dekker with [`Group::abort_with`] and
     /// [`Group::wait_peers_out`]: the SeqCst store of `in_data` and load of the flag mean
     /// that either this rank sees the abort and stays out, or the aborting rank sees this
     /// rank inside and waits for it to leave before it frees its buffers.
     pub(crate) fn enter_data(&self, me: usize, seq: u64) -> bool {
-        self.ranks[me].in_data.store(seq, Ordering::SeqCst);
+        self.ranks[me].phase.in_data.store(seq, Ordering::SeqCst);
         if self.aborted.load(Ordering::SeqCst) {
             self.leave_data(me, None);
             return false;
@@ -591,7 +706,7 @@ impl Group {
     /// Leave the data phase: no access to peers' buffers follows. With `Some(seq)` the
     /// data phase completed and `exited` records it.
     pub(crate) fn leave_data(&self, me: usize, completed: Option<u64>) {
-        let r = &self.ranks[me];
+        let r = &self.ranks[me].phase;
         r.in_data.store(0, Ordering::SeqCst);
         if let Some(seq) = completed {
             r.exited.store(seq, Ordering::SeqCst);
@@ -603,7 +718,7 @@ impl Group {
     /// them touches this rank's buffers again).
     pub(crate) fn wait_exited(&self, me: usize, seq: u64, deadline: Instant) -> Result<(), Stop> {
         self.wait_peers(me, Some(deadline), true, |p| {
-            self.ranks[p].exited.load(Ordering::Acquire) >= seq
+            self.ranks[p].phase.exited.load(Ordering::Acquire) >= seq
         })
     }
 
@@ -612,7 +727,7 @@ impl Group {
     /// not give up, because returning lets the caller free buffers a peer may still read.
     pub(crate) fn wait_peers_out(&self, me: usize) {
         let _ = self.wait_peers(me, None, false, |p| {
-            self.ranks[p].in_data.load(Ordering::SeqCst) == 0
+            self.ranks[p].phase.in_data.load(Ordering::SeqCst) == 0
         });
     }
 }
@@ -674,9 +789,11 @@ pub(crate) struct Ctx<'g> {
     seq: u64,
     deadline: Instant,
     desc: Desc,
+    eager: bool,
 }
 
 impl<'g> Ctx<'g> {
+    /// The data phase of collective `seq` (once the rendezvous and the verdict are done).
     pub(crate) fn new(g: &'g Group, me: usize, seq: u64, deadline: Instant, desc: Desc) -> Self {
         Ctx {
             g,
@@ -684,7 +801,16 @@ impl<'g> Ctx<'g> {
             seq,
             deadline,
             desc,
+            eager: g.all_eager(seq),
         }
+    }
+
+    /// Whether every rank posted its input eagerly ([`Group::post`]): then `Send`
+    /// locations are copies in the group's memory, and a schedule that writes only its own
+    /// rank's output touches no caller's buffer but its own. The transport then skips the
+    /// data phase's entry and exit handshakes: such a schedule must write no peer's output.
+    pub(crate) fn is_eager(&self) -> bool {
+        self.eager
     }
 
     pub(crate) fn rank(&self) -> usize {
@@ -730,7 +856,8 @@ impl<'g> Ctx<'g> {
     pub(crate) fn publish(&self, lane: usize, units: usize) {
         debug_assert!((units as u64) < 1 << UNIT_BITS);
         let value = self.seq << UNIT_BITS | units as u64;
-        self.g.publish(&self.g.ranks[self.me].progress[lane], value);
+        self.g
+            .publish(&self.g.ranks[self.me].progress.0[lane], value);
     }
 
     /// Wait until `peer` has published at least `units` units on `lane`.
@@ -741,7 +868,7 @@ impl<'g> Ctx<'g> {
     /// True if `peer` has published at least `units` units on `lane` (no waiting).
     pub(crate) fn ready(&self, peer: usize, lane: usize, units: usize) -> bool {
         let target = self.seq << UNIT_BITS | units as u64;
-        self.g.ranks[peer].progress[lane].load(Ordering::Acquire) >= target
+        self.g.ranks[peer].progress.0[lane].load(Ordering::Acquire) >= target
     }
 
     /// Wait until `cond()` holds (built from [`Ctx::ready`] checks); on the deadline the
@@ -763,11 +890,7 @@ impl<'g> Ctx<'g> {
     /// lie inside it (a failed check is a broken schedule: it panics, and the collective's
     /// guard aborts the group and waits for the peers before the panic goes on).
     fn ptr(&self, loc: Loc, len: usize) -> *mut u8 {
-        let d = self.g.posted_desc(loc.rank, self.seq);
-        let (base, total) = match loc.side {
-            Side::Send => (d.src.cast_mut(), d.len_in),
-            Side::Recv => (d.dst, d.len_out),
-        };
+        let (base, total) = self.g.posted_buffer(loc.rank, self.seq, loc.side);
         assert!(
             loc.offset.checked_add(len).is_some_and(|end| end <= total),
             "schedule out of bounds: rank {} {:?} [{}, +{len}) of {total}",

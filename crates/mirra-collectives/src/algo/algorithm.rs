@@ -1,7 +1,7 @@
 //! What an algorithm is: its schedules of the collectives, run inside a data phase.
 
 use crate::algo::default_schedules;
-use crate::transport::{Ctx, Stop};
+use crate::transport::{Ctx, Desc, Stop};
 
 /// One algorithm's schedules. Each runs inside a data phase: every rank has posted its
 /// buffers, the metadata agrees across ranks, and no buffer is freed before every rank has
@@ -9,6 +9,14 @@ use crate::transport::{Ctx, Stop};
 pub(crate) trait Algorithm: Sync {
     /// The backend name.
     fn name(&self) -> &'static str;
+
+    /// Whether this rank should post `desc` eagerly (its input copied into the group's
+    /// memory: see [`Ctx::is_eager`]), in a group of `world` ranks that posts up to
+    /// `eager_bytes` so. Every rank must answer the same for the same collective. A
+    /// schedule run eagerly may write no peer's output.
+    fn eager(&self, _desc: &Desc, _world: usize, _eager_bytes: usize) -> bool {
+        false
+    }
 
     /// In-place all-reduce of every rank's buffer (`recv_len` elements).
     fn all_reduce(&self, ctx: &Ctx<'_>) -> Result<(), Stop>;
