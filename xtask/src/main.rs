@@ -14,6 +14,7 @@ mod bf16_matmul;
 mod cli;
 mod compare;
 mod conv_bench;
+mod exchange;
 mod gpu_bundle;
 mod gpu_probe;
 mod json;

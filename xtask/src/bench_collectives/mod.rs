@@ -36,6 +36,7 @@ use mirra_collectives::{Config, BACKENDS, DEVICE_BACKENDS, MAX_WORLD_SIZE};
 use serde_json::{json, Value};
 
 use self::peers::{Peer, PeerRun, SizePlan};
+use crate::exchange;
 use crate::json::{num, opt, save};
 use crate::machine::{self, CpuSnapshot};
 use crate::memcpy::{self, CopyPlan, CopyPoint, Kernel};
@@ -330,6 +331,20 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         }
     }
     let copy = |n: usize, bytes: usize| curve.get(&(n, bytes)).map(|p| p.best().0);
+    // The data movement of the 2-rank latency target alone, beside it.
+    let exchange = o.world_sizes.contains(&2).then(|| {
+        let us = exchange::exchange_us(
+            targets::SMALL_BYTES,
+            if o.quick { 2_000 } else { 20_000 },
+            5,
+        );
+        println!(
+            "# {} exchanged between 2 threads (each writes its own, then reads the other's): \
+             {us:.2} us an iteration",
+            size_label(targets::SMALL_BYTES)
+        );
+        us
+    });
 
     let mut errors: Vec<Value> = Vec::new();
     let mut mirra_rounds: Vec<Vec<Row>> = Vec::new();
@@ -366,6 +381,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         &ar_sizes,
         others_share,
         wrong,
+        exchange,
         started,
     );
     for line in targets::summary(&report) {
@@ -586,6 +602,7 @@ fn report_json(
     ar_sizes: &[usize],
     others_share: Option<f64>,
     wrong: u64,
+    exchange: Option<f64>,
     started: Instant,
 ) -> Value {
     json!({
@@ -603,6 +620,11 @@ fn report_json(
         "backends": o.backends,
         "world_sizes": o.world_sizes,
         "copy_curve": curve.values().map(copy_json).collect::<Vec<_>>(),
+        "exchange": exchange.map(|us| json!({
+            "bytes": targets::SMALL_BYTES,
+            "threads": 2,
+            "us": num(us, 3),
+        })),
         "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
         "peers": peer_runs.iter().map(PeerRun::json).collect::<Vec<_>>(),
         "beside_peers": targets::beside_peers(rows, peer_runs, &o.world_sizes, ar_sizes),
@@ -630,6 +652,12 @@ fn report_json(
                            the first thread's start to the last one's end), median \
                            of the repeats, the better kernel. algbw / copy above 1.0 is \
                            reported as above the measured copy rate, not as a target",
+            "exchange": "2 threads, a buffer of the latency target's size each; per \
+                         iteration each writes its buffer afresh, publishes, waits for the \
+                         other and reads the other's buffer: the data a 2-rank all-reduce \
+                         brings into each core, alone (plus the fresh write); slower \
+                         thread, median of 5 runs. A yardstick beside the 2-rank latency \
+                         target, not a limit",
             "bytes_and_count": "as nccl-tests: bytes of the whole vector, per-rank count",
             "all_reduce_bytes": ar_sizes,
             "other_ops_bytes": sizes(Op::Broadcast, o.max_bytes, o.quick),

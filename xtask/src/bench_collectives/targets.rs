@@ -366,6 +366,17 @@ pub fn summary(report: &Value) -> Vec<String> {
                 .as_str()
                 .map_or_else(String::new, |w| format!(" ({w})")),
         ));
+        if let Some(us) = report["exchange"]["us"].as_f64().filter(|_| n == 2) {
+            l.push(format!(
+                "#     yardstick: 4 KiB exchanged between 2 threads in {us:.2} us an iteration \
+                 (the data a 2-rank all-reduce moves, alone); {MAX_TIME_VS_OPENMPI:.1}x \
+                 OpenMPI's is {} us",
+                x["openmpi_us"].as_f64().map_or_else(
+                    || "-".to_string(),
+                    |o| format!("{:.2}", o * MAX_TIME_VS_OPENMPI)
+                ),
+            ));
+        }
     }
     let x = &t["tree_beats_ring_below_64KiB"];
     l.push(format!(
@@ -578,8 +589,14 @@ mod tests {
             "beside_peers": beside_peers(&rows, &peers, &[2], &[SMALL_BYTES, TARGET_BYTES]),
             "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
             "targets": targets(&rows, &peers),
+            "exchange": {"bytes": SMALL_BYTES, "threads": 2, "us": 0.5},
         });
         let text = summary(&report).join("\n");
+        assert!(
+            text.contains("yardstick: 4 KiB exchanged between 2 threads in 0.50 us an iteration"),
+            "{text}"
+        );
+        assert!(text.contains("0.4x OpenMPI's is 1.20 us"), "{text}");
         assert!(text.contains("#       4KiB       20.00"), "{text}");
         assert!(
             text.contains("gloo: MISSING: torch does not import"),
