@@ -303,15 +303,28 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
     };
     println!("#\n# targets (global batch {GLOBAL_BATCH}, best collective)");
     let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+    // The samples/s targets are the MLP's (issue 6); other models keep the ratio and the
+    // exposed communication.
+    let mlp = a.model == "mlp";
     if let Some(r) = best(2) {
         let ratio = r.samples_per_sec / baseline;
-        println!(
-            "#   2 replicas >= {TARGET_2_OF_BASELINE}x baseline and >= {TARGET_2_SAMPLES:.0} samples/s: \
-             {ratio:.3}x, {:.0} samples/s ({})  {}",
-            r.samples_per_sec,
-            r.collective,
-            verdict(ratio >= TARGET_2_OF_BASELINE && r.samples_per_sec >= TARGET_2_SAMPLES)
-        );
+        if mlp {
+            println!(
+                "#   2 replicas >= {TARGET_2_OF_BASELINE}x baseline and >= {TARGET_2_SAMPLES:.0} \
+                 samples/s: {ratio:.3}x, {:.0} samples/s ({})  {}",
+                r.samples_per_sec,
+                r.collective,
+                verdict(ratio >= TARGET_2_OF_BASELINE && r.samples_per_sec >= TARGET_2_SAMPLES)
+            );
+        } else {
+            println!(
+                "#   2 replicas >= {TARGET_2_OF_BASELINE}x baseline: {ratio:.3}x, {:.0} samples/s \
+                 ({})  {}",
+                r.samples_per_sec,
+                r.collective,
+                verdict(ratio >= TARGET_2_OF_BASELINE)
+            );
+        }
         let exposed = rows
             .iter()
             .filter(|x| x.replicas == 2 && x.global_batch == GLOBAL_BATCH)
@@ -329,13 +342,21 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             }
         );
     }
-    if let Some(r) = best(4) {
-        println!(
+    match best(4) {
+        Some(r) if mlp => println!(
             "#   4 replicas >= {TARGET_4_SAMPLES:.0} samples/s: {:.0} ({})  {}",
             r.samples_per_sec,
             r.collective,
             verdict(r.samples_per_sec >= TARGET_4_SAMPLES)
-        );
+        ),
+        Some(r) => println!(
+            "#   4 replicas: {:.0} samples/s, {:.3}x baseline ({}; the samples/s target is the \
+             MLP's)",
+            r.samples_per_sec,
+            r.samples_per_sec / baseline,
+            r.collective,
+        ),
+        None => {}
     }
     if let Some(mib) = rss4 {
         println!(

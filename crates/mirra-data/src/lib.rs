@@ -35,7 +35,7 @@ pub use error::DataError;
 pub use idx::{read_idx, read_idx_bytes, MAX_DEFLATE_RATIO};
 pub use image_folder::ImageFolder;
 pub use mnist::{bundled_files, pixels_to_unit_f32, Mnist, MnistSource, Split};
-pub use segmentation::{digit_canvases, digit_volumes, CANVAS, CLASSES, VOLUME_DEPTH};
+pub use segmentation::{digit_canvases, digit_volumes, Canvases, CANVAS, CLASSES, VOLUME_DEPTH};
 pub use synthetic::synthetic_images;
 
 /// Result type of this crate.

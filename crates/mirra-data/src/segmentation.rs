@@ -6,7 +6,10 @@
 //! a random run of 8 to 24 consecutive slices.
 //! Canvases and volumes are drawn from a seed and their index alone, so a data set is the
 //! same on every run, replica count and machine; training sets take training digits and
-//! validation sets test digits.
+//! validation sets test digits. [`Canvases`] draws any of them, so that training can see
+//! fresh canvases every epoch.
+
+use std::sync::Arc;
 
 use rand::{RngExt as _, SeedableRng};
 
@@ -29,7 +32,7 @@ const DIGIT: usize = 28;
 /// `[n]`): a [`Split`] of `u8` images `[count, 56, 56]` and `u8` masks `[count, 56, 56]`
 /// (class ids in `0..11`), canvas `i` drawn from `seed` and `i`.
 pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> {
-    draw("digit_canvases", source, count, seed, 1)
+    Canvases::new("digit_canvases", source, 1)?.draw(seed, 0..count as u64)
 }
 
 /// `count` volumes from the digits of `source`: `u8` images and masks `[count, 32, 56,
@@ -37,80 +40,108 @@ pub fn digit_canvases(source: &Split, count: usize, seed: u64) -> Result<Split> 
 /// later digit's label wins and the brighter pixel shows), volume `i` drawn from `seed`
 /// and `i`.
 pub fn digit_volumes(source: &Split, count: usize, seed: u64) -> Result<Split> {
-    draw("digit_volumes", source, count, seed, VOLUME_DEPTH)
+    Canvases::new("digit_volumes", source, VOLUME_DEPTH)?.draw(seed, 0..count as u64)
 }
 
-/// `count` images of `depth` slices of 56x56 (one slice: canvases, drawn as they always
-/// were; more: each digit through a random run of slices).
-fn draw(op: &'static str, source: &Split, count: usize, seed: u64, depth: usize) -> Result<Split> {
-    let n = source.len();
-    if n == 0 {
-        return Err(DataError::Incompatible {
-            op,
-            msg: "no digits to draw canvases from".into(),
-        });
+/// What draws canvases (or volumes) from a set of digits: any canvas, by seed and index,
+/// so that a pipeline can draw fresh ones for each epoch ([`Canvases::draw`]) and the
+/// ones [`digit_canvases`] and [`digit_volumes`] hold are those of their seed.
+#[derive(Clone, Debug)]
+pub struct Canvases {
+    /// The digits' pixels, `[n, 28, 28]` row-major, and their classes.
+    pixels: Arc<[u8]>,
+    labels: Arc<[i64]>,
+    /// Slices per image: 1 for canvases, [`VOLUME_DEPTH`] for volumes.
+    depth: usize,
+}
+
+impl Canvases {
+    /// The drawer of images of `depth` slices of 56x56 (one slice: canvases; more: each
+    /// digit through a random run of slices) from the digits of `source`; `op` names the
+    /// caller in errors.
+    pub fn new(op: &'static str, source: &Split, depth: usize) -> Result<Canvases> {
+        let n = source.len();
+        if n == 0 {
+            return Err(DataError::Incompatible {
+                op,
+                msg: "no digits to draw canvases from".into(),
+            });
+        }
+        let pixels = source.pixels.contiguous()?;
+        let pixels = pixels.as_slice::<u8>()?;
+        if pixels.len() != n * DIGIT * DIGIT {
+            return Err(DataError::Incompatible {
+                op,
+                msg: format!(
+                    "digits of shape {}, expected [n, 28, 28]",
+                    source.pixels.shape()
+                ),
+            });
+        }
+        let labels = source
+            .labels
+            .to_dtype(mirra_device::DType::I64)?
+            .to_vec::<i64>()?;
+        Ok(Canvases {
+            pixels: pixels.into(),
+            labels: labels.into(),
+            depth: depth.max(1),
+        })
     }
-    let pixels = source.pixels.contiguous()?;
-    let pixels = pixels.as_slice::<u8>()?;
-    if pixels.len() != n * DIGIT * DIGIT {
-        return Err(DataError::Incompatible {
-            op,
-            msg: format!(
-                "digits of shape {}, expected [n, 28, 28]",
-                source.pixels.shape()
-            ),
-        });
-    }
-    let labels = source
-        .labels
-        .to_dtype(mirra_device::DType::I64)?
-        .to_vec::<i64>()?;
-    let area = CANVAS * CANVAS;
-    let size = depth * area;
-    let (mut images, mut masks) = (vec![0u8; count * size], vec![0u8; count * size]);
-    for (i, (image, mask)) in images
-        .chunks_exact_mut(size)
-        .zip(masks.chunks_exact_mut(size))
-        .enumerate()
-    {
-        let mut rng = canvas_rng(seed, i as u64);
-        for _ in 0..rng.random_range(2..=4usize) {
-            let d = rng.random_range(0..n);
-            let (top, left) = (
-                rng.random_range(0..=CANVAS - DIGIT),
-                rng.random_range(0..=CANVAS - DIGIT),
-            );
-            let slices = if depth == 1 {
-                0..1
-            } else {
-                let run = rng.random_range(depth / 4..=depth * 3 / 4);
-                let first = rng.random_range(0..=depth - run);
-                first..first + run
-            };
-            let class = (labels[d] + 1) as u8;
-            let digit = &pixels[d * DIGIT * DIGIT..(d + 1) * DIGIT * DIGIT];
-            for z in slices {
-                for (r, row) in digit.chunks_exact(DIGIT).enumerate() {
-                    let at = z * area + (top + r) * CANVAS + left;
-                    for (c, &p) in row.iter().enumerate() {
-                        image[at + c] = image[at + c].max(p);
-                        if p > 127 {
-                            mask[at + c] = class;
+
+    /// The images of `indices` under `seed`, in that order: `u8` images and masks `[k,
+    /// 56, 56]` (or `[k, depth, 56, 56]`), image `i` drawn from `seed` and `i` alone.
+    pub fn draw(&self, seed: u64, indices: impl IntoIterator<Item = u64>) -> Result<Split> {
+        let indices: Vec<u64> = indices.into_iter().collect();
+        let (n, depth) = (self.labels.len(), self.depth);
+        let area = CANVAS * CANVAS;
+        let size = depth * area;
+        let count = indices.len();
+        let (mut images, mut masks) = (vec![0u8; count * size], vec![0u8; count * size]);
+        for ((image, mask), index) in images
+            .chunks_exact_mut(size)
+            .zip(masks.chunks_exact_mut(size))
+            .zip(indices)
+        {
+            let mut rng = canvas_rng(seed, index);
+            for _ in 0..rng.random_range(2..=4usize) {
+                let d = rng.random_range(0..n);
+                let (top, left) = (
+                    rng.random_range(0..=CANVAS - DIGIT),
+                    rng.random_range(0..=CANVAS - DIGIT),
+                );
+                let slices = if depth == 1 {
+                    0..1
+                } else {
+                    let run = rng.random_range(depth / 4..=depth * 3 / 4);
+                    let first = rng.random_range(0..=depth - run);
+                    first..first + run
+                };
+                let class = (self.labels[d] + 1) as u8;
+                let digit = &self.pixels[d * DIGIT * DIGIT..(d + 1) * DIGIT * DIGIT];
+                for z in slices {
+                    for (r, row) in digit.chunks_exact(DIGIT).enumerate() {
+                        let at = z * area + (top + r) * CANVAS + left;
+                        for (c, &p) in row.iter().enumerate() {
+                            image[at + c] = image[at + c].max(p);
+                            if p > 127 {
+                                mask[at + c] = class;
+                            }
                         }
                     }
                 }
             }
         }
+        let dims: &[usize] = if depth == 1 {
+            &[count, CANVAS, CANVAS]
+        } else {
+            &[count, depth, CANVAS, CANVAS]
+        };
+        Ok(Split {
+            pixels: Tensor::from_vec(images, dims, Device::Cpu)?,
+            labels: Tensor::from_vec(masks, dims, Device::Cpu)?,
+        })
     }
-    let dims: &[usize] = if depth == 1 {
-        &[count, CANVAS, CANVAS]
-    } else {
-        &[count, depth, CANVAS, CANVAS]
-    };
-    Ok(Split {
-        pixels: Tensor::from_vec(images, dims, Device::Cpu)?,
-        labels: Tensor::from_vec(masks, dims, Device::Cpu)?,
-    })
 }
 
 /// The generator of canvas `index` (SplitMix64 of the seed and the index).
@@ -164,6 +195,28 @@ mod tests {
         assert_eq!(b.labels.to_vec::<u8>().unwrap(), mask);
         let c = digit_canvases(&source(), 50, 8).unwrap();
         assert_ne!(c.labels.to_vec::<u8>().unwrap(), mask);
+    }
+
+    #[test]
+    fn any_canvas_is_drawn_from_its_seed_and_index_alone() {
+        let all = digit_canvases(&source(), 20, 7).unwrap();
+        let area = CANVAS * CANVAS;
+        let drawer = Canvases::new("test", &source(), 1).unwrap();
+        let some = drawer.draw(7, [13u64, 2, 13]).unwrap();
+        assert_eq!(some.pixels.dims(), [3, CANVAS, CANVAS]);
+        let (all_m, some_m) = (
+            all.labels.to_vec::<u8>().unwrap(),
+            some.labels.to_vec::<u8>().unwrap(),
+        );
+        for (k, i) in [13usize, 2, 13].into_iter().enumerate() {
+            assert_eq!(
+                some_m[k * area..(k + 1) * area],
+                all_m[i * area..(i + 1) * area]
+            );
+        }
+        // Another seed, other canvases.
+        let other = drawer.draw(8, [13u64, 2, 13]).unwrap();
+        assert_ne!(other.labels.to_vec::<u8>().unwrap(), some_m);
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! `mirra train` feeds and steps its model with, shared with `cargo xtask bench` so that the
 //! benchmark measures what a user's run costs.
 
-use mirra_data::{pixels_to_unit_f32, Augment, DataError, Dataset, ImageFolder, Result, Split};
+use mirra_data::{
+    pixels_to_unit_f32, Augment, Canvases, DataError, Dataset, ImageFolder, Result, Split,
+};
 use mirra_device::DType;
+use mirra_tensor::init::mix;
 use mirra_tensor::{Device, Tensor};
 
 /// Shuffle buffer: the whole training split of MNIST, a uniform permutation per epoch.
@@ -91,6 +94,49 @@ pub fn augmented_train_pipeline(
     )
 }
 
+/// [`train_pipeline`] for canvases drawn from digits (the U-Nets' data): epoch 0 trains on
+/// `split`, the canvases `canvases` drew from `seed`; every later epoch `e` on fresh
+/// ones, canvas `i` drawn from `seed` mixed with `e`, and `i` (never its batch or replica:
+/// a resumed run and any replica count see the same canvases). The order of the indices
+/// is [`train_pipeline`]'s, shuffled with `shuffle_seed`.
+pub fn fresh_canvas_train_pipeline(
+    split: &Split,
+    canvases: Canvases,
+    seed: u64,
+    batch_size: usize,
+    shuffle_seed: u64,
+) -> Result<Dataset> {
+    let n = split.labels.dims()[0];
+    let index = Tensor::from_vec((0..n as i64).collect(), &[n], Device::Cpu)?;
+    Ok(batches(
+        split,
+        Some(index),
+        Examples::InMemory,
+        batch_size,
+        Some(shuffle_seed),
+    )?
+    .map_with_epoch(move |epoch, mut batch| {
+        let index = batch.pop().ok_or(DataError::Incompatible {
+            op: "fresh canvases",
+            msg: "a batch without its indices".into(),
+        })?;
+        if epoch > 0 {
+            let indices = index.to_vec::<i64>()?;
+            let fresh = canvases.draw(
+                mix(seed, epoch),
+                indices.iter().map(|&i| u64::try_from(i).unwrap_or(0)),
+            )?;
+            let mut fresh = pixels_to_unit_f32(vec![fresh.pixels, fresh.labels])?.into_iter();
+            if let (Some(images), Some(masks)) = (fresh.next(), fresh.next()) {
+                batch[0] = images;
+                batch[1] = masks;
+            }
+        }
+        Ok(batch)
+    })
+    .prefetch(PREFETCH))
+}
+
 /// The evaluation pipeline: in order, batches of `batch_size`, `f32` images.
 pub fn eval_pipeline(split: &Split, examples: Examples<'_>, batch_size: usize) -> Result<Dataset> {
     Ok(batches(split, None, examples, batch_size, None)?.prefetch(PREFETCH))
@@ -106,5 +152,73 @@ pub fn optimizer_for(
     match policy {
         mirra_nn::Policy::MixedFloat16 => Box::new(mirra_optim::LossScaleOptimizer::new(optimizer)),
         _ => optimizer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Twelve "digits": digit `d` a block of pixels `40 + 18 d` (bright from `d = 5`) at a
+    /// place of its own, so that canvases differ.
+    fn digits() -> Split {
+        let mut pixels = vec![0u8; 12 * 28 * 28];
+        for d in 0..12 {
+            for r in d..d + 12 {
+                for c in 4..4 + d + 4 {
+                    pixels[d * 784 + r * 28 + c] = (40 + 18 * d) as u8;
+                }
+            }
+        }
+        Split {
+            pixels: Tensor::from_vec(pixels, &[12, 28, 28], Device::Cpu).unwrap(),
+            labels: Tensor::from_vec(
+                (0..12).map(|d| d % 10).collect::<Vec<i64>>(),
+                &[12],
+                Device::Cpu,
+            )
+            .unwrap(),
+        }
+    }
+
+    /// The masks of one epoch, batch after batch, as bytes.
+    fn masks(ds: &Dataset, epoch: u64) -> Vec<u8> {
+        ds.iter_epoch(epoch)
+            .unwrap()
+            .flat_map(|b| b.unwrap()[1].to_vec::<u8>().unwrap())
+            .collect()
+    }
+
+    /// The canvas masks of `split`, sorted (an epoch's set, whatever its order).
+    fn sorted(masks: &[u8]) -> Vec<&[u8]> {
+        let mut rows: Vec<&[u8]> = masks.chunks(56 * 56).collect();
+        rows.sort();
+        rows
+    }
+
+    #[test]
+    fn fresh_canvases_are_drawn_per_epoch_and_index_whatever_the_batch() {
+        let drawer = Canvases::new("test", &digits(), 1).unwrap();
+        let split = drawer.draw(5, 0..10).unwrap();
+        let pipeline =
+            |batch| fresh_canvas_train_pipeline(&split, drawer.clone(), 5, batch, 9).unwrap();
+        let (by3, by4) = (pipeline(3), pipeline(4));
+        let stored = split.labels.to_vec::<u8>().unwrap();
+        // Epoch 0 trains on the stored canvases, epoch 1 on canvases 0..10 of another seed.
+        assert_eq!(sorted(&masks(&by3, 0)), sorted(&stored));
+        let fresh = drawer
+            .draw(mix(5, 1), 0..10)
+            .unwrap()
+            .labels
+            .to_vec::<u8>()
+            .unwrap();
+        let epoch1 = masks(&by3, 1);
+        assert_eq!(sorted(&epoch1), sorted(&fresh));
+        assert_ne!(sorted(&epoch1), sorted(&stored));
+        // The batch size (a replica's share) does not change which canvas comes when.
+        for epoch in 0..3 {
+            assert_eq!(masks(&by3, epoch), masks(&by4, epoch), "epoch {epoch}");
+        }
+        assert_ne!(masks(&by3, 2), epoch1);
     }
 }

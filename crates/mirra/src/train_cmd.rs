@@ -152,6 +152,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     // MNIST's files, NumPy arrays or an image folder; without --data, the test set
     // embedded in the binary: no file, no checkout needed.
     let data = crate::data_arg::open(args.data.as_deref())?;
+    let mut fresh_canvases = None;
     let data = match task {
         Task::Classification => data,
         Task::Segmentation => {
@@ -169,18 +170,30 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
                 )));
             }
             // Canvases of 2-4 digits, half as many as there are digits (volumes: an eighth,
-            // each 32 slices); validation canvases from the validation digits.
-            let draw = |split: &mirra::data::Split, salt: u64| {
-                let seed = args.seed ^ salt;
-                if args.model == "unet3d" {
-                    mirra::data::digit_volumes(split, split.len().div_ceil(8), seed)
-                } else {
-                    mirra::data::digit_canvases(split, split.len().div_ceil(2), seed)
-                }
+            // each 32 slices); validation canvases from the validation digits. Training
+            // draws fresh canvases every epoch after the first (`fresh_canvases`).
+            let (op, depth, per) = if args.model == "unet3d" {
+                ("digit_volumes", mirra::data::VOLUME_DEPTH, 8)
+            } else {
+                ("digit_canvases", 1, 2)
             };
+            let drawer = |split: &mirra::data::Split| {
+                mirra::data::Canvases::new(op, split, depth).map_err(|e| run_err(&e))
+            };
+            let draw = |drawer: &mirra::data::Canvases, count: usize, seed: u64| {
+                drawer.draw(seed, 0..count as u64).map_err(|e| run_err(&e))
+            };
+            let train_digits = drawer(&data.train)?;
+            let train = draw(&train_digits, data.train.len().div_ceil(per), args.seed)?;
+            let validation = draw(
+                &drawer(&data.validation)?,
+                data.validation.len().div_ceil(per),
+                args.seed ^ 0x7e57,
+            )?;
+            fresh_canvases = Some(train_digits);
             crate::data_arg::Data {
-                train: draw(&data.train, 0).map_err(|e| run_err(&e))?,
-                validation: draw(&data.validation, 0x7e57).map_err(|e| run_err(&e))?,
+                train,
+                validation,
                 classes: CLASSES,
                 folder: None,
             }
@@ -209,7 +222,15 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     net.set_policy(args.precision.policy());
     let (train_n, val_n) = (data.train.len(), data.validation.len());
     // Images stay u8 as stored; each batch becomes f32 in [0, 1] as it is formed.
-    let train = if args.augment {
+    let train = if let Some(canvases) = fresh_canvases {
+        mirra::recipe::fresh_canvas_train_pipeline(
+            &data.train,
+            canvases,
+            args.seed,
+            args.batch_size,
+            args.seed,
+        )
+    } else if args.augment {
         let augment = mirra::data::Augment::digits(args.seed);
         mirra::recipe::augmented_train_pipeline(
             &data.train,
