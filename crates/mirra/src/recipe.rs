@@ -68,6 +68,33 @@ pub fn train_pipeline(
     Ok(batches(split, None, examples, batch_size, Some(seed))?.prefetch(PREFETCH))
 }
 
+/// [`train_pipeline`] whose batches `stage` rewrites by the epoch and the examples'
+/// indices in `split` (never their batch or replica: a resumed run and any replica count
+/// see the same examples); `op` names the stage in errors.
+fn train_pipeline_by_index(
+    split: &Split,
+    examples: Examples<'_>,
+    batch_size: usize,
+    seed: u64,
+    op: &'static str,
+    stage: impl Fn(u64, &Tensor, &mut Vec<Tensor>) -> Result<()> + Send + Sync + 'static,
+) -> Result<Dataset> {
+    let n = split.labels.dims()[0];
+    let index = Tensor::from_vec((0..n as i64).collect(), &[n], Device::Cpu)?;
+    Ok(
+        batches(split, Some(index), examples, batch_size, Some(seed))?
+            .map_with_epoch(move |epoch, mut batch| {
+                let index = batch.pop().ok_or(DataError::Incompatible {
+                    op,
+                    msg: "a batch without its indices".into(),
+                })?;
+                stage(epoch, &index, &mut batch)?;
+                Ok(batch)
+            })
+            .prefetch(PREFETCH),
+    )
+}
+
 /// [`train_pipeline`] with each training image augmented ([`Augment`]) as its batch forms,
 /// drawn from `augment`'s seed, the epoch and the image's index in `split` (never its
 /// batch or replica: a resumed run and any replica count see the same images).
@@ -78,19 +105,16 @@ pub fn augmented_train_pipeline(
     seed: u64,
     augment: Augment,
 ) -> Result<Dataset> {
-    let n = split.labels.dims()[0];
-    let index = Tensor::from_vec((0..n as i64).collect(), &[n], Device::Cpu)?;
-    Ok(
-        batches(split, Some(index), examples, batch_size, Some(seed))?
-            .map_with_epoch(move |epoch, mut batch| {
-                let index = batch.pop().ok_or(DataError::Incompatible {
-                    op: "augment",
-                    msg: "a batch without its indices".into(),
-                })?;
-                batch[0] = augment.apply(epoch, &batch[0], &index)?;
-                Ok(batch)
-            })
-            .prefetch(PREFETCH),
+    train_pipeline_by_index(
+        split,
+        examples,
+        batch_size,
+        seed,
+        "augment",
+        move |epoch, index, batch| {
+            batch[0] = augment.apply(epoch, &batch[0], index)?;
+            Ok(())
+        },
     )
 }
 
@@ -106,20 +130,7 @@ pub fn fresh_canvas_train_pipeline(
     batch_size: usize,
     shuffle_seed: u64,
 ) -> Result<Dataset> {
-    let n = split.labels.dims()[0];
-    let index = Tensor::from_vec((0..n as i64).collect(), &[n], Device::Cpu)?;
-    Ok(batches(
-        split,
-        Some(index),
-        Examples::InMemory,
-        batch_size,
-        Some(shuffle_seed),
-    )?
-    .map_with_epoch(move |epoch, mut batch| {
-        let index = batch.pop().ok_or(DataError::Incompatible {
-            op: "fresh canvases",
-            msg: "a batch without its indices".into(),
-        })?;
+    let stage = move |epoch: u64, index: &Tensor, batch: &mut Vec<Tensor>| {
         if epoch > 0 {
             let indices = index.to_vec::<i64>()?;
             let fresh = canvases.draw(
@@ -132,9 +143,16 @@ pub fn fresh_canvas_train_pipeline(
                 batch[1] = masks;
             }
         }
-        Ok(batch)
-    })
-    .prefetch(PREFETCH))
+        Ok(())
+    };
+    train_pipeline_by_index(
+        split,
+        Examples::InMemory,
+        batch_size,
+        shuffle_seed,
+        "fresh canvases",
+        stage,
+    )
 }
 
 /// The evaluation pipeline: in order, batches of `batch_size`, `f32` images.
