@@ -51,6 +51,14 @@ fn make_group(backend: &str, n: usize, config: Config) -> crate::Result<Vec<Comm
             config,
         )),
         b if BACKENDS.contains(&b) => cpu_group(b, n, config),
+        HIER_PAIRS => {
+            let per_worker = if n.is_multiple_of(2) { 2 } else { 1 };
+            crate::hierarchical_group("direct", "ring", n / per_worker, per_worker, config)
+        }
+        HIER_TWO_WORKERS => {
+            let workers = if n.is_multiple_of(2) { 2 } else { 1 };
+            crate::hierarchical_group("ring", "direct", workers, n / workers, config)
+        }
         b => {
             let devices: crate::Result<Vec<Device>> =
                 (0..n).map(|r| Ok(device_for(b, r))).collect();
@@ -58,6 +66,12 @@ fn make_group(backend: &str, n: usize, config: Config) -> crate::Result<Vec<Comm
         }
     }
 }
+
+/// The hierarchical backend in one process, in two shapes of each world size: workers of
+/// two ranks (of one when the size is odd: leaders only), and two workers (one when the
+/// size is odd: a local group only). Both shapes at 4 ranks are 2 x 2.
+const HIER_PAIRS: &str = "hierarchical:pairs";
+const HIER_TWO_WORKERS: &str = "hierarchical:two-workers";
 
 /// The host executor of the device ring running every plan in plan order (an ablation).
 const IN_ORDER: &str = "cuda-ring@host-in-order";
@@ -1409,6 +1423,8 @@ suite!(ring => "ring");
 suite!(tree => "tree");
 suite!(reduce_to_one => "reduce-to-one");
 suite!(direct => "direct");
+suite!(hierarchical_pairs => HIER_PAIRS);
+suite!(hierarchical_two_workers => HIER_TWO_WORKERS);
 // The CUDA ring's plans, verdict and failure model, run on host memory in random
 // dependency order: what the GPU suite below checks, minus the CUDA calls.
 suite!(cuda_ring_on_host => crate::device::host_engine::NAME);
@@ -1560,6 +1576,28 @@ mod schedules {
     #[test]
     fn cuda_ring_on_host() {
         plans_catch_broken_schedules(crate::device::host_engine::NAME);
+    }
+    /// The hierarchical schedule's own bug (its stages are the CPU backends', whose bugs
+    /// the tests above catch): the other workers broadcasting from the wrong local rank.
+    /// The grid catches it at 4 and 6 ranks (2 x 2, 3 x 2), and would miss it if every
+    /// rank held the same input.
+    #[test]
+    fn hierarchical() {
+        let run = |inputs| GridRun {
+            inputs,
+            slicing: Slicing::Many,
+            worlds: &[4, 6],
+            lengths: &[100],
+            mutant: Some(Mutant::WrongLocalRoot),
+        };
+        let caught = run_grid(HIER_PAIRS, Part::Rooted, &run(Inputs::PerRank));
+        assert!(!caught.is_empty(), "WrongLocalRoot passes the grid");
+        let missed = run_grid(HIER_PAIRS, Part::Rooted, &run(Inputs::SameOnEveryRank));
+        assert!(
+            missed.is_empty(),
+            "same inputs caught it: {}",
+            missed.join("\n")
+        );
     }
     #[test]
     #[ignore = "needs a CUDA device"]

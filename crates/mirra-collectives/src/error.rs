@@ -42,6 +42,18 @@ pub enum CollectiveError {
         /// The size of the group.
         world_size: usize,
     },
+    /// The workers of a hierarchical group offered different numbers of ranks.
+    #[error("worker {worker} has {ranks} local ranks, but worker {ref_worker} has {ref_ranks}: every worker of a hierarchical group needs the same number")]
+    UnevenWorkers {
+        /// The first worker whose count differs from worker 0's.
+        worker: usize,
+        /// Its count.
+        ranks: usize,
+        /// The worker it is compared with.
+        ref_worker: usize,
+        /// That worker's count.
+        ref_ranks: usize,
+    },
     /// Ranks started different collectives at the same point of their sequences (all ranks
     /// must start collectives in the same order).
     #[error("{op}: rank {rank} started {started}, but rank {ref_rank} started {ref_started} (ranks must start collectives in the same order)")]
@@ -247,6 +259,159 @@ impl CollectiveError {
                 | CollectiveError::ProgressThread { .. }
                 | CollectiveError::Device { .. }
         )
+    }
+
+    /// This error as collective `op` of a larger group reports it: every rank it names
+    /// (`rank` of this group) becomes `to_group(rank)`, and the collective becomes `op`.
+    /// How a backend built of smaller groups (the hierarchical one) reports the failure of
+    /// one of its stages in its own ranks.
+    pub(crate) fn renumbered(self, op: Collective, to_group: impl Fn(usize) -> usize) -> Self {
+        use CollectiveError as E;
+        let f = &to_group;
+        match self {
+            E::CollectiveMismatch {
+                rank,
+                started,
+                ref_rank,
+                ref_started,
+                ..
+            } => E::CollectiveMismatch {
+                op,
+                rank: f(rank),
+                started,
+                ref_rank: f(ref_rank),
+                ref_started,
+            },
+            E::LengthMismatch {
+                rank,
+                len,
+                ref_rank,
+                ref_len,
+                ..
+            } => E::LengthMismatch {
+                op,
+                rank: f(rank),
+                len,
+                ref_rank: f(ref_rank),
+                ref_len,
+            },
+            E::DTypeMismatch {
+                rank,
+                dtype,
+                ref_rank,
+                ref_dtype,
+                ..
+            } => E::DTypeMismatch {
+                op,
+                rank: f(rank),
+                dtype,
+                ref_rank: f(ref_rank),
+                ref_dtype,
+            },
+            E::ReduceOpMismatch {
+                rank,
+                reduce_op,
+                ref_rank,
+                ref_reduce_op,
+                ..
+            } => E::ReduceOpMismatch {
+                op,
+                rank: f(rank),
+                reduce_op,
+                ref_rank: f(ref_rank),
+                ref_reduce_op,
+            },
+            E::RootMismatch {
+                rank,
+                root,
+                ref_rank,
+                ref_root,
+                ..
+            } => E::RootMismatch {
+                op,
+                rank: f(rank),
+                root: f(root),
+                ref_rank: f(ref_rank),
+                ref_root: f(ref_root),
+            },
+            E::RootOutOfRange {
+                rank,
+                root,
+                world_size,
+                ..
+            } => E::RootOutOfRange {
+                op,
+                rank: f(rank),
+                root,
+                world_size,
+            },
+            E::UnsupportedDType { rank, dtype, .. } => E::UnsupportedDType {
+                op,
+                rank: f(rank),
+                dtype,
+            },
+            E::UnsupportedDevice {
+                rank,
+                device,
+                backend,
+                accepts,
+                ..
+            } => E::UnsupportedDevice {
+                op,
+                rank: f(rank),
+                device,
+                backend,
+                accepts,
+            },
+            E::BufferSizes {
+                rank,
+                send_len,
+                recv_len,
+                world_size,
+                ..
+            } => E::BufferSizes {
+                op,
+                rank: f(rank),
+                send_len,
+                recv_len,
+                world_size,
+            },
+            E::SendRecvDType {
+                rank, send, recv, ..
+            } => E::SendRecvDType {
+                op,
+                rank: f(rank),
+                send,
+                recv,
+            },
+            E::Timeout {
+                rank,
+                waiting_for,
+                after,
+                ..
+            } => E::Timeout {
+                op,
+                rank: f(rank),
+                waiting_for: waiting_for.into_iter().map(f).collect(),
+                after,
+            },
+            E::RankGone { rank, .. } => E::RankGone { op, rank: f(rank) },
+            E::ProgressThread { rank, reason, .. } => E::ProgressThread {
+                op,
+                rank: f(rank),
+                reason,
+            },
+            E::Device { rank, reason, .. } => E::Device {
+                op,
+                rank: f(rank),
+                reason,
+            },
+            E::Aborted { .. } => E::Aborted { op },
+            other @ (E::UnknownBackend { .. }
+            | E::InvalidWorldSize { .. }
+            | E::RankOutOfRange { .. }
+            | E::UnevenWorkers { .. }) => other,
+        }
     }
 }
 

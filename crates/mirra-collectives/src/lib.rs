@@ -38,7 +38,8 @@
 // 1. collective, config, reduce, sync (and, in tests, mutants): no crate imports;
 // 2. error; 3. pending; 4. comm; 5. noop, progress, transport; 6. described, verdict;
 // 7. algo (its own layers: see algo/mod.rs); 8. cpu, device (its own layers: see
-// device/mod.rs), mpi (feature `mpi`); 9. in tests, reference, then conformance.
+// device/mod.rs); 9. hierarchical (built of groups of the layers before it), mpi (feature
+// `mpi`); 10. in tests, reference, then conformance.
 mod algo;
 mod collective;
 mod comm;
@@ -49,6 +50,7 @@ mod cpu;
 mod described;
 mod device;
 mod error;
+mod hierarchical;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(test)]
@@ -75,6 +77,7 @@ pub use config::{
 pub use cpu::cpu_group;
 pub use device::{cuda_ring_traffic, device_group, DEVICE_BACKENDS};
 pub use error::{CollectiveError, Result};
+pub use hierarchical::{hierarchical_group, HIERARCHICAL};
 #[cfg(feature = "mpi")]
 pub use mpi::{Mpi, MPI};
 pub use noop::{noop_group, NOOP};

@@ -54,6 +54,7 @@ use crate::comm::{AbortFlag, AbortHandle, Abortable, Work};
 use crate::config::Config;
 use crate::described::Described;
 use crate::error::{CollectiveError, Result};
+use crate::hierarchical::{fanout_timeout, Hierarchical, OnFailure, Shared};
 use crate::pending::Pending;
 use crate::reduce::{combine_op, with_dtype, ReduceOp, Reducible};
 use crate::transport::{Desc, Place};
@@ -121,15 +122,119 @@ impl Mpi {
         comm: &SimpleCommunicator,
         config: Config,
     ) -> Box<dyn crate::Communicator> {
+        self.communicator_numbered(comm, config, 1)
+    }
+
+    /// [`communicator`](Mpi::communicator) whose messages name rank `r` as `r x stride`
+    /// (the cross group of a hierarchical one names the workers' leaders by their global
+    /// ranks).
+    fn communicator_numbered(
+        &self,
+        comm: &SimpleCommunicator,
+        config: Config,
+        stride: usize,
+    ) -> Box<dyn crate::Communicator> {
         let comm = comm.duplicate();
         Box::new(MpiComm {
             rank: comm.rank() as usize,
             size: comm.size() as usize,
             comm,
             timeout: config.timeout,
+            stride,
             abort: Arc::new(AbortFlag::default()),
             scratch: RefCell::new(Vec::new()),
         })
+    }
+}
+
+impl Mpi {
+    /// This process as one worker of a hierarchical group
+    /// ([`HIERARCHICAL`](crate::HIERARCHICAL)): `per_worker` ranks of the in-process
+    /// backend `local` (one per replica thread), whose leader (local rank 0) is this
+    /// process's rank of an `mpi` group over the processes of `comm`. The ranks come back
+    /// in local order; their global ranks are `process rank x per_worker + local rank`.
+    /// Every process must ask for the same `per_worker`: the leaders compare their counts,
+    /// and a difference is an error on every process.
+    ///
+    /// Only the leader's rank calls MPI, from one thread at a time (its own, or its
+    /// progress thread for [`submit_all_reduce`](crate::Communicator::submit_all_reduce)),
+    /// which `Threading::Serialized` allows.
+    pub fn hierarchical(
+        &self,
+        comm: &SimpleCommunicator,
+        local: &str,
+        per_worker: usize,
+        config: Config,
+    ) -> Result<Vec<Box<dyn crate::Communicator>>> {
+        if per_worker == 0 {
+            return Err(CollectiveError::InvalidWorldSize {
+                world_size: 0,
+                max: crate::MAX_WORLD_SIZE,
+            });
+        }
+        // A leader may wait out one local stage before it joins the cross stage: the
+        // leaders give each other that long again, so that a silent replica is named by
+        // its own worker (at the local deadline) rather than its leader by the others.
+        let cross_timeout = config.timeout.saturating_mul(2);
+        let fanout = config
+            .clone()
+            .with_timeout(fanout_timeout(config.timeout, cross_timeout));
+        let locals = crate::cpu_group(local, per_worker, config.clone())?;
+        let fanouts = crate::cpu_group(local, per_worker, fanout)?;
+        let cross_config = config.with_timeout(cross_timeout);
+        let cross = self.communicator_numbered(comm, cross_config, per_worker);
+        let (worker, workers) = (cross.rank(), cross.world_size());
+        let mut counts =
+            Buffer::zeros(DType::I64, workers, mirra_device::Device::Cpu).expect("host memory");
+        let mine = Buffer::from_slice(&[per_worker as i64], mirra_device::Device::Cpu)
+            .expect("host memory");
+        cross.all_gather(&mine, &mut counts)?;
+        let counts = counts.as_slice::<i64>().expect("i64");
+        if let Some(odd) = counts.iter().position(|&c| c != counts[0]) {
+            return Err(CollectiveError::UnevenWorkers {
+                worker: odd,
+                ranks: counts[odd] as usize,
+                ref_worker: 0,
+                ref_ranks: counts[0] as usize,
+            });
+        }
+        // A failure this worker sees (a replica gone or silent) is one the other workers
+        // cannot learn of: end the job, as the `mpi` backend does at a deadline.
+        let end_job: OnFailure = Box::new(|error: &CollectiveError| {
+            eprintln!("mirra: {error}; ending the MPI job");
+            // SAFETY: MPI is initialised (this `Mpi` lives); MPI_Abort may be called from
+            // any thread and does not return.
+            unsafe {
+                ::mpi::ffi::MPI_Abort(::mpi::ffi::RSMPI_COMM_WORLD, 1);
+            }
+        });
+        let shared = Arc::new(Shared::new(
+            vec![
+                locals[0].abort_handle(),
+                fanouts[0].abort_handle(),
+                cross.abort_handle(),
+            ],
+            Some(end_job),
+        ));
+        let mut cross = Some(cross);
+        Ok(locals
+            .into_iter()
+            .zip(fanouts)
+            .map(|(local, fanout)| {
+                let leader = if local.rank() == 0 {
+                    cross.take()
+                } else {
+                    None
+                };
+                Box::new(Hierarchical::new(
+                    worker,
+                    workers,
+                    [local, fanout],
+                    leader,
+                    Arc::clone(&shared),
+                )) as Box<dyn crate::Communicator>
+            })
+            .collect())
     }
 }
 
@@ -139,6 +244,8 @@ struct MpiComm {
     rank: usize,
     size: usize,
     timeout: Duration,
+    /// The messages that end the job name rank `r` as `r x stride`.
+    stride: usize,
     /// Set by this rank's [`AbortHandle`]s: every later call fails with `Aborted` (the only
     /// failure a rank survives; an expired deadline ends the job).
     abort: Arc<AbortFlag>,
@@ -186,7 +293,8 @@ impl MpiComm {
             rank: self.rank,
             waiting_for,
             after: self.timeout,
-        };
+        }
+        .renumbered(op, |r| r * self.stride);
         eprintln!("mirra: {error}; ending the MPI job (MPI cannot cancel a collective)");
         self.comm.abort(1)
     }

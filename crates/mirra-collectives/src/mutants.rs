@@ -20,6 +20,10 @@ pub(crate) enum Mutant {
     /// The device ring's plans drop every dependency between streams: a step may run
     /// before the step that wrote what it reads. Invisible when steps run in plan order.
     MissingWait,
+    /// The hierarchical broadcast's last stage, on the workers other than the root's,
+    /// broadcasts from the root's local rank instead of from the worker's leader.
+    /// Invisible when every rank holds the same input, or one rank per worker.
+    WrongLocalRoot,
 }
 
 thread_local! {

@@ -12,7 +12,9 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use mirra_collectives::{Collective, CollectiveError, Config, Mpi, ReduceOp, SUPPORTED_DTYPES};
+use mirra_collectives::{
+    Collective, CollectiveError, Communicator, Config, Mpi, ReduceOp, SUPPORTED_DTYPES,
+};
 use mirra_device::{Buffer, DType, Device, Element};
 
 /// Set in the ranks' environment by the launching test.
@@ -174,8 +176,175 @@ fn rank_checks() {
     }
     let mpi = Mpi::init().unwrap();
     let comm = mpi.world(Config::default().with_timeout(Duration::from_secs(60)));
-    let (r, n) = (comm.rank(), comm.world_size());
     assert_eq!(comm.backend(), "mpi");
+    checks(&*comm);
+    // An aborted handle fails this rank's later calls (its peers are not waiting: every
+    // rank aborts its own).
+    comm.barrier().unwrap();
+    comm.abort_handle().abort();
+    assert!(matches!(
+        comm.barrier(),
+        Err(CollectiveError::Aborted { .. })
+    ));
+    println!("rank {}: rank checks passed", comm.rank());
+    drop(comm);
+    drop(mpi);
+}
+
+#[test]
+fn every_collective_on_hierarchical_groups_of_2_and_3_workers() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    for n in [2, 3] {
+        let out = mpirun(n, "rank_hierarchical");
+        assert!(out.status.success(), "{n} workers: {}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for rank in 0..2 * n {
+            let line = format!("rank {rank} of {}: hierarchical checks passed", 2 * n);
+            assert!(
+                stdout.contains(&line),
+                "{n} workers, no `{line}`: {}",
+                text(&out)
+            );
+        }
+    }
+}
+
+/// Each process a worker of two replica threads (`direct` between them), their leaders
+/// over MPI: the same checks as `rank_checks`, with global ranks.
+#[test]
+#[ignore = "one rank of an mpirun job: run by every_collective_on_hierarchical_groups_of_2_and_3_workers"]
+fn rank_hierarchical() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let mpi = Mpi::init().unwrap();
+    let config = Config::default().with_timeout(Duration::from_secs(60));
+    let comms = mpi
+        .hierarchical(&mpi.world_raw(), "direct", 2, config)
+        .unwrap();
+    std::thread::scope(|s| {
+        for comm in comms {
+            s.spawn(move || {
+                assert_eq!(comm.backend(), "hierarchical");
+                checks(&*comm);
+                comm.barrier().unwrap();
+                println!(
+                    "rank {} of {}: hierarchical checks passed",
+                    comm.rank(),
+                    comm.world_size()
+                );
+            });
+        }
+    });
+    drop(mpi);
+}
+
+#[test]
+fn a_silent_replica_of_a_worker_ends_the_job_naming_it() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let t = Instant::now();
+    let out = mpirun(2, "rank_silent_replica");
+    let seconds = t.elapsed().as_secs_f64();
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Global rank 3 is worker 1's second replica: its leader, rank 2, names it (at the
+    // local deadline, before the other worker's leader would blame rank 2 at the cross
+    // one).
+    assert!(
+        stderr.contains("all_reduce: rank 2 timed out after 1s waiting for rank(s) [3]"),
+        "{}",
+        text(&out)
+    );
+    assert!(seconds < 30.0, "took {seconds:.1} s: {}", text(&out));
+}
+
+/// Two workers of two replicas; global rank 3 stops answering after one all-reduce.
+#[test]
+#[ignore = "one rank of an mpirun job: run by a_silent_replica_of_a_worker_ends_the_job_naming_it"]
+fn rank_silent_replica() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let mpi = Mpi::init().unwrap();
+    let config = Config::default().with_timeout(Duration::from_secs(1));
+    let comms = mpi
+        .hierarchical(&mpi.world_raw(), "direct", 2, config)
+        .unwrap();
+    std::thread::scope(|s| {
+        for comm in comms {
+            s.spawn(move || {
+                let mut b = buffer(DType::F32, 0..4);
+                comm.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+                // Worker 1 comes 300 ms late, so worker 0's ranks have waited longest:
+                // with every stage's deadline equal, they would blame rank 2 first.
+                if comm.rank() >= 2 {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                if comm.rank() == 3 {
+                    // Alive but silent, as a hung replica would be.
+                    std::thread::sleep(Duration::from_secs(60));
+                }
+                let _ = comm.all_reduce(&mut b, ReduceOp::Sum);
+                // The job ends at the first failure: no rank gets here within a minute.
+                std::thread::sleep(Duration::from_secs(60));
+            });
+        }
+    });
+    panic!("the job should have ended at the deadline");
+}
+
+#[test]
+fn workers_of_different_sizes_are_an_error_on_every_process() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let out = mpirun(2, "rank_uneven");
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout
+            .matches(
+                "worker 1 has 2 local ranks, but worker 0 has 1: every worker of a \
+                 hierarchical group needs the same number"
+            )
+            .count(),
+        2,
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+#[ignore = "one rank of an mpirun job: run by workers_of_different_sizes_are_an_error_on_every_process"]
+fn rank_uneven() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let mpi = Mpi::init().unwrap();
+    let world = mpi.world_raw();
+    let per_worker = 1 + mpirun_rank(&mpi);
+    let e = mpi
+        .hierarchical(&world, "direct", per_worker, Config::default())
+        .expect_err("uneven workers are an error");
+    println!("{e}");
+    drop(mpi);
+}
+
+/// This process's rank of MPI's world.
+fn mpirun_rank(mpi: &Mpi) -> usize {
+    use mirra_collectives::rsmpi::topology::Communicator as _;
+    mpi.world_raw().rank() as usize
+}
+
+/// Every collective, dtype, operator, root and length against closed forms; rounding
+/// floats bitwise equal on every rank; a submitted all-reduce; mismatches (the same error
+/// on every rank, naming global ranks, and the group goes on); a root out of range.
+fn checks(comm: &dyn Communicator) {
+    let (r, n) = (comm.rank(), comm.world_size());
     for dtype in SUPPORTED_DTYPES {
         for len in [0usize, 1, 3, 1000] {
             let mine = || buffer(dtype, (0..len).map(|i| value(r, i)));
@@ -307,18 +476,6 @@ fn rank_checks() {
         comm.broadcast(&mut b, n),
         Err(CollectiveError::RootOutOfRange { .. })
     ));
-
-    // An aborted handle fails this rank's later calls (its peers are not waiting: every
-    // rank aborts its own).
-    comm.barrier().unwrap();
-    comm.abort_handle().abort();
-    assert!(matches!(
-        comm.barrier(),
-        Err(CollectiveError::Aborted { .. })
-    ));
-    println!("rank {r}: rank checks passed");
-    drop(comm);
-    drop(mpi);
 }
 
 #[test]
