@@ -3,9 +3,13 @@
 # installed (ci/install-mpi.sh), the feature build linted, and its tests, which run this
 # crate's MPI test binary under `mpirun --oversubscribe` on 2, 3 and 4 ranks (every
 # collective, dtype, operator and root against closed forms; mismatches; a silent rank
-# named at the deadline and the job ended).
+# named at the deadline and the job ended; the hierarchical backend of 2 and 3 workers),
+# and `mirra train` under mpirun (workers following one process and one device, rank 0
+# alone writing, a killed worker resumed to the uninterrupted bits, a stopped worker named
+# at the deadline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install-mpi.sh
-cargo clippy --locked -p mirra-collectives -p mirra --features mpi --all-targets -- -D warnings
+cargo clippy --locked -p mirra-collectives -p mirra-strategy -p mirra --features mpi --all-targets -- -D warnings
 cargo test --locked -p mirra-collectives --features mpi --test mpi
+cargo test --locked -p mirra --features mpi --test mpi

@@ -79,6 +79,7 @@ fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
 /// dropped) and drop every communicator made from it first.
 pub struct Mpi {
     universe: Universe,
+    threading: Threading,
 }
 
 impl std::fmt::Debug for Mpi {
@@ -89,10 +90,12 @@ impl std::fmt::Debug for Mpi {
 }
 
 impl Mpi {
-    /// Initialise MPI with `Threading::Serialized` (calls from any one thread at a time);
-    /// an error when MPI was already initialised or offers less.
+    /// Initialise MPI, asking for `Threading::Multiple` (calls from several threads at
+    /// once: a multi-worker strategy's two groups) and accepting `Serialized` (calls from
+    /// any one thread at a time: one communicator); an error when MPI was already
+    /// initialised or offers less.
     pub fn init() -> std::result::Result<Mpi, String> {
-        let (universe, threading) = ::mpi::initialize_with_threading(Threading::Serialized)
+        let (universe, threading) = ::mpi::initialize_with_threading(Threading::Multiple)
             .ok_or("MPI is already initialised (initialise it once, through Mpi::init)")?;
         if threading < Threading::Serialized {
             return Err(format!(
@@ -100,7 +103,24 @@ impl Mpi {
                  Serialized or Multiple"
             ));
         }
-        Ok(Mpi { universe })
+        Ok(Mpi {
+            universe,
+            threading,
+        })
+    }
+
+    /// An error unless MPI runs with `Threading::Multiple`, which several communicators
+    /// used from different threads at once need (a strategy's gradient and sums groups).
+    pub fn check_threading_multiple(&self) -> std::result::Result<(), String> {
+        if self.threading < Threading::Multiple {
+            return Err(format!(
+                "this MPI offers {:?} threading; a multi-worker strategy calls MPI from \
+                 several threads at once and needs Multiple (OpenMPI: built with \
+                 --enable-mpi-thread-multiple, as Debian's is)",
+                self.threading
+            ));
+        }
+        Ok(())
     }
 
     /// MPI's world communicator, to split with rsmpi's API (`::mpi`) before

@@ -356,6 +356,11 @@ impl Network {
         &self.output
     }
 
+    /// The dtype of the variables, and of the model's output (and logits).
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Replace every trainable weight (shapes and dtypes must match), e.g. from another
     /// replica; a tensor on another device is copied to the model's.
     pub fn set_params(&mut self, params: Vec<Tensor>) -> Result<()> {

@@ -22,9 +22,13 @@ use crate::{Result, StrategyError};
 
 /// What a replica's step sees: which replica it is, and its communicator.
 pub struct ReplicaContext<'a> {
-    /// This replica's id, `0..num_replicas`.
+    /// This replica's index among this process's replicas (`0..` the strategy's
+    /// [`local_replicas`](crate::MirroredStrategy::local_replicas)).
     pub replica_id: usize,
-    /// The number of replicas in sync.
+    /// This replica's id among all replicas in sync, `0..num_replicas` (its rank in the
+    /// strategy's group; `replica_id` unless the group spans workers).
+    pub global_replica_id: usize,
+    /// The number of replicas in sync, in every worker.
     pub num_replicas: usize,
     /// The device this replica computes on (its buffers' device).
     pub device: Device,
@@ -36,6 +40,7 @@ impl std::fmt::Debug for ReplicaContext<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReplicaContext")
             .field("replica_id", &self.replica_id)
+            .field("global_replica_id", &self.global_replica_id)
             .field("num_replicas", &self.num_replicas)
             .field("device", &self.device)
             .field("backend", &self.comm.backend())
@@ -118,7 +123,8 @@ impl ReplicaPool {
                     mirra_tensor::set_num_threads(kernel_threads);
                     let ctx = ReplicaContext {
                         replica_id: replica,
-                        num_replicas: n,
+                        global_replica_id: comm.rank(),
+                        num_replicas: comm.world_size(),
                         device,
                         comm: comm.as_ref(),
                     };

@@ -148,6 +148,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct MirroredStrategy {
     id: u64,
     pool: ReplicaPool,
+    /// The replicas in sync, in every process (this process's alone, unless the group
+    /// spans workers).
+    world: usize,
+    /// The id in the whole group of this process's first replica.
+    first: usize,
     /// Per replica, the sum across replicas that layers use inside a step.
     sums: Vec<Arc<CrossReplicaSum>>,
     config: StrategyConfig,
@@ -182,11 +187,43 @@ impl MirroredStrategy {
                 config.devices.len()
             )));
         }
-        let comms = group(&config)?;
         // A second group for the sums that synchronised batch norm makes inside forward
         // and backward passes: its own sequence, so they never queue behind (or ahead of)
         // the gradient buckets in flight on the first.
-        let sums = group(&config)?
+        let (gradients, sums) = (group(&config)?, group(&config)?);
+        MirroredStrategy::with_communicators(config, gradients, sums)
+    }
+
+    /// A strategy whose replicas (this process's: `config.replicas` of them) are ranks of
+    /// groups made elsewhere: `gradients` for the gradient buckets, `sums` for the sums
+    /// inside a step (synchronised batch norm), one communicator per replica in each, in
+    /// replica order. Their ranks must be consecutive; a group larger than this process's
+    /// replicas spans other workers, each with a strategy over its own ranks
+    /// ([`multi_worker`](MirroredStrategy::multi_worker) makes them under MPI). The
+    /// configuration's collective name is then only reported, not used.
+    pub fn with_communicators(
+        config: StrategyConfig,
+        gradients: Vec<Box<dyn Communicator>>,
+        sums: Vec<Box<dyn Communicator>>,
+    ) -> Result<MirroredStrategy> {
+        if config.replicas == 0 {
+            return Err(StrategyError::NoReplicas(0));
+        }
+        let first = gradients.first().map_or(0, |c| c.rank());
+        let world = gradients.first().map_or(0, |c| c.world_size());
+        for (what, group) in [("gradient", &gradients), ("sums", &sums)] {
+            let ranks: Vec<usize> = group.iter().map(|c| c.rank()).collect();
+            let consecutive = (first..first + config.replicas).collect::<Vec<_>>();
+            if ranks != consecutive || group.iter().any(|c| c.world_size() != world) {
+                return Err(StrategyError::Invalid(format!(
+                    "the {what} group's communicators hold ranks {ranks:?} of groups of {:?}: \
+                     a strategy of {} replicas needs ranks {consecutive:?} of one group",
+                    group.iter().map(|c| c.world_size()).collect::<Vec<_>>(),
+                    config.replicas
+                )));
+            }
+        }
+        let sums = sums
             .into_iter()
             .map(|c| Arc::new(CrossReplicaSum::new(c)))
             .collect();
@@ -205,19 +242,38 @@ impl MirroredStrategy {
             .threads_per_replica
             .unwrap_or((cores / config.replicas).max(1));
         let devices = (0..config.replicas).map(|r| config.device(r)).collect();
-        let pool = ReplicaPool::spawn(comms, devices, threads_per_replica)?;
+        let pool = ReplicaPool::spawn(gradients, devices, threads_per_replica)?;
         Ok(MirroredStrategy {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
+            world,
+            first,
             sums,
             config,
             threads_per_replica,
         })
     }
 
-    /// The number of replicas that train in sync.
+    /// The number of replicas that train in sync, in every worker (TensorFlow's
+    /// `num_replicas_in_sync`).
     pub fn num_replicas_in_sync(&self) -> usize {
+        self.world
+    }
+
+    /// The replicas this process runs (all of them, unless the group spans workers).
+    pub fn local_replicas(&self) -> usize {
         self.pool.len()
+    }
+
+    /// The id in the whole group of this process's replica `r`
+    /// ([`ReplicaContext::global_replica_id`]).
+    pub fn global_replica_id(&self, r: usize) -> usize {
+        self.first + r
+    }
+
+    /// True when the replicas in sync span several workers (processes).
+    pub fn is_multi_worker(&self) -> bool {
+        self.world > self.pool.len()
     }
 
     /// Replica `r`'s device.
@@ -277,14 +333,14 @@ impl MirroredStrategy {
         })
     }
 
-    /// One copy of `net` per replica, each on its replica's device and with its
+    /// One copy of `net` per replica of this process, each on its replica's device and with its
     /// replica's [`cross_replica_sum`](MirroredStrategy::cross_replica_sum): replica 0's
     /// is `net` itself (moved to replica 0's device) and every other replica's variables
     /// (weights and state) are received from it by broadcast, so all start bitwise
     /// identical. `net` must have been built inside [`scope`](MirroredStrategy::scope).
     pub fn mirror(&self, mut net: Network) -> Result<Vec<Network>> {
         self.check_scope(&net)?;
-        let n = self.num_replicas_in_sync();
+        let n = self.local_replicas();
         let invalid = |e: mirra_nn::NnError| StrategyError::Invalid(e.to_string());
         net.to_device(self.device(0)).map_err(invalid)?;
         let mut copies = Vec::with_capacity(n);
@@ -324,14 +380,14 @@ impl MirroredStrategy {
         Ok(copies)
     }
 
-    /// Run `step` on every replica in parallel and return each replica's result
+    /// Run `step` on every replica of this process in parallel and return each one's result
     /// (TensorFlow's `strategy.run`). A panicking step is an error naming the replica
     /// (after every other replica has finished its step).
     pub fn run<R: Send>(
         &self,
         step: impl Fn(&ReplicaContext<'_>) -> R + Sync,
     ) -> Result<PerReplica<R>> {
-        let n = self.num_replicas_in_sync();
+        let n = self.local_replicas();
         let slots: Vec<std::sync::Mutex<Option<R>>> =
             (0..n).map(|_| std::sync::Mutex::new(None)).collect();
         self.pool.run(&|ctx: &ReplicaContext<'_>| {
@@ -352,7 +408,7 @@ impl MirroredStrategy {
         ))
     }
 
-    /// Reduce per-replica scalars across replicas (`Sum` or `Mean`; `Max`, `Min` and
+    /// Reduce per-replica scalars across this process's replicas (`Sum` or `Mean`; `Max`, `Min` and
     /// `Product` too), on the calling thread.
     pub fn reduce_scalars(&self, op: ReduceOp, values: &PerReplica<f64>) -> f64 {
         let v = values.values();
@@ -365,7 +421,7 @@ impl MirroredStrategy {
         }
     }
 
-    /// Reduce per-replica tensors of one shape across replicas with `Sum` or `Mean`
+    /// Reduce per-replica tensors of one shape across this process's replicas with `Sum` or `Mean`
     /// (TensorFlow's `strategy.reduce`), on the calling thread.
     pub fn reduce(&self, op: ReduceOp, values: &PerReplica<Tensor>) -> Result<Tensor> {
         let v = values.values();
@@ -383,6 +439,43 @@ impl MirroredStrategy {
                 "reduce: tensors are reduced with Sum or Mean, not {other:?}"
             ))),
         }
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl MirroredStrategy {
+    /// TensorFlow's `MultiWorkerMirroredStrategy` on MPI: this process is one worker of the
+    /// job (`mpirun -np W`), with `config.replicas` replica threads; the replicas in sync
+    /// are every worker's, `W x replicas`, worker `w`'s being `w x replicas ..`. Gradients
+    /// are reduced hierarchically (`mirra_collectives::Mpi::hierarchical`): within the
+    /// worker by `config.collective` (a CPU backend), across workers by MPI over one
+    /// buffer per worker, then shared locally. Every worker must ask for the same number
+    /// of replicas. Host replicas only.
+    pub fn multi_worker(
+        mpi: &mirra_collectives::Mpi,
+        config: StrategyConfig,
+    ) -> Result<MirroredStrategy> {
+        if config.on_cuda() {
+            return Err(StrategyError::Invalid(
+                "a multi-worker strategy's replicas are host replicas (GPU workers are not \
+                 supported yet)"
+                    .into(),
+            ));
+        }
+        let local = config.collective.as_str();
+        if !BACKENDS.contains(&local) {
+            return Err(StrategyError::Invalid(format!(
+                "collective `{local}` cannot reduce within a worker; a multi-worker \
+                 strategy's replicas use one of {}",
+                BACKENDS.join(", ")
+            )));
+        }
+        mpi.check_threading_multiple()
+            .map_err(StrategyError::Invalid)?;
+        let world = mpi.world_raw();
+        let make = || mpi.hierarchical(&world, local, config.replicas, config.collectives.clone());
+        let (gradients, sums) = (make()?, make()?);
+        MirroredStrategy::with_communicators(config, gradients, sums)
     }
 }
 

@@ -72,10 +72,22 @@ impl OutputState {
 
 /// Print `line` and a newline to standard output (flushed), without panicking.
 pub fn print_line(line: &str) -> Printed {
+    if SILENCED.load(Ordering::Relaxed) {
+        return Printed::Shown;
+    }
     STDOUT.print(|| {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{line}").and_then(|()| out.flush())
     })
+}
+
+/// Set by [`silence`].
+static SILENCED: AtomicBool = AtomicBool::new(false);
+
+/// Drop every later line of this process (reported as shown): the other processes of an
+/// MPI job, whose lines would repeat rank 0's. Warnings still go to standard error.
+pub fn silence() {
+    SILENCED.store(true, Ordering::Relaxed);
 }
 
 /// True once standard output has been found closed (see [`Printed::Closed`]).

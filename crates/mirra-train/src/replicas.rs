@@ -15,11 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use mirra_autograd::{Tape, Var};
-use mirra_device::trace;
+use mirra_device::{trace, Buffer};
 use mirra_nn::{Examples, Loss, Network, Reduction, Role};
 use mirra_optim::Optimizer;
 use mirra_strategy::{split_batch, Communicator, GradientReducer, MirroredStrategy};
-use mirra_tensor::{DType, Tensor};
+use mirra_tensor::{DType, Device, Tensor};
 
 use crate::{Result, TrainError};
 
@@ -182,25 +182,54 @@ impl Mirrors {
     /// output does not depend on the others in inference, so it is the single device's.
     pub(crate) fn infer(&self, primary: &Network, x: Tensor) -> Result<(Tensor, Option<Tensor>)> {
         let n = self.strategy.num_replicas_in_sync();
+        let batch = x.dims().first().copied().unwrap_or(0);
         let shards = split_batch(&[x], n)?;
         let nets: Vec<&Network> = std::iter::once(primary)
             .chain(self.others.iter().map(|r| &r.net))
             .collect();
         let here = self.strategy.device(0);
+        let multi_worker = self.strategy.is_multi_worker();
         let results = self
             .strategy
             .run(|ctx| -> Result<Option<(Tensor, Option<Tensor>)>> {
-                let Some([x]) = shards[ctx.replica_id].as_deref() else {
-                    return Ok(None);
+                let net = nets[ctx.replica_id];
+                let mut part = None;
+                if let Some([x]) = shards[ctx.global_replica_id].as_deref() {
+                    let tape = Tape::new();
+                    let out = net.forward_inference(&tape, x.clone())?;
+                    let logits = match &out.logits {
+                        Some(l) => Some(l.value().to_device(here)?),
+                        None => None,
+                    };
+                    part = Some((out.output.value().to_device(here)?, logits));
+                }
+                if !multi_worker {
+                    return Ok(part);
+                }
+                // The other workers' rows too, on every replica.
+                let (out, logits) = part.unzip();
+                let logits = logits.flatten();
+                let shape = net.output_shape();
+                let output = gather_rows(ctx.comm, out.as_ref(), batch, shape, net.dtype())?;
+                let any_logits = any_replica(ctx.comm, logits.is_some())?;
+                let logits = match any_logits {
+                    true => Some(gather_rows(
+                        ctx.comm,
+                        logits.as_ref(),
+                        batch,
+                        shape,
+                        net.dtype(),
+                    )?),
+                    false => None,
                 };
-                let tape = Tape::new();
-                let out = nets[ctx.replica_id].forward_inference(&tape, x.clone())?;
-                let logits = match &out.logits {
-                    Some(l) => Some(l.value().to_device(here)?),
-                    None => None,
-                };
-                Ok(Some((out.output.value().to_device(here)?, logits)))
+                Ok(Some((output, logits)))
             })?;
+        if multi_worker {
+            // Every replica holds the whole batch's rows: replica 0's.
+            let first = results.into_values().into_iter().next();
+            let (output, logits) = first.expect("a replica")?.expect("gathered rows");
+            return Ok((output.to_device(here)?, logits));
+        }
         let (mut outputs, mut logits) = (Vec::new(), Vec::new());
         for r in results.into_values() {
             if let Some((o, l)) = r? {
@@ -231,6 +260,8 @@ impl Mirrors {
     ) -> Result<(f64, Tensor)> {
         let started = Instant::now();
         let n = self.strategy.num_replicas_in_sync();
+        let local = self.strategy.local_replicas();
+        let multi_worker = self.strategy.is_multi_worker();
         let batch = x.dims().first().copied().unwrap_or(0);
         if batch == 0 {
             return Err(TrainError::Invalid(
@@ -246,7 +277,7 @@ impl Mirrors {
         // The sum of every replica's loss over every micro-step is the mean over all of
         // their examples (micro-batches of equal size).
         let scale = 1.0 / (batch * self.accumulation) as f64;
-        let mut views = Vec::with_capacity(n);
+        let mut views = Vec::with_capacity(local);
         let mut reducers = self.reducers.iter_mut();
         views.push(Mutex::new(View {
             net: primary.net,
@@ -272,17 +303,27 @@ impl Mirrors {
                 .unwrap_or_else(|e| e.into_inner());
             let examples = Examples {
                 step_key,
-                first: ctx.replica_id * per_replica,
+                first: ctx.global_replica_id * per_replica,
             };
-            let result = replica_step(
+            let mut result = replica_step(
                 &mut view,
-                shards[ctx.replica_id].as_deref(),
+                shards[ctx.global_replica_id].as_deref(),
                 loss,
                 scale,
                 sync,
                 ctx.comm,
                 examples,
             );
+            if multi_worker {
+                // The whole batch's loss and output, from every worker, on every replica.
+                let net = &*view.net;
+                result = result.and_then(|(part, out)| {
+                    let total = sum_over_replicas(ctx.comm, part)?;
+                    let (shape, dtype) = (net.output_shape(), net.dtype());
+                    let output = gather_rows(ctx.comm, out.as_ref(), batch, shape, dtype)?;
+                    Ok((total, Some(output)))
+                });
+            }
             if result.is_err() {
                 // The others would wait for this replica's gradients until the deadline:
                 // abort the group so that they fail at once. Training cannot go on after
@@ -298,7 +339,7 @@ impl Mirrors {
             .map(|r| r.take_wait_time().as_secs_f64())
             .collect();
         let least = waits.iter().copied().fold(f64::INFINITY, f64::min);
-        let mean = waits.iter().sum::<f64>() / n as f64;
+        let mean = waits.iter().sum::<f64>() / local as f64;
         self.stats.steps += 1;
         self.stats.exposed_comm_seconds += least;
         self.stats.imbalance_seconds += mean - least;
@@ -318,8 +359,14 @@ impl Mirrors {
                 .and_then(Result::err)
                 .expect("an error at that position"));
         }
-        // The replicas' outputs, each on its own device, gathered on replica 0's.
         let here = self.strategy.device(0);
+        if multi_worker {
+            // Every replica holds the global batch's loss and output: replica 0's.
+            let (total, output) = results.into_iter().next().expect("a replica")?;
+            let output = output.expect("gathered rows").to_device(here)?;
+            return Ok((total * self.accumulation as f64, output));
+        }
+        // The replicas' outputs, each on its own device, gathered on replica 0's.
         for r in results {
             let (l, out) = r?;
             total += l;
@@ -331,6 +378,64 @@ impl Mirrors {
         let output = Tensor::concat(&refs, 0)?;
         Ok((total * self.accumulation as f64, output))
     }
+}
+
+/// The rows of a batch split across every replica in sync ([`split_batch`]: `ceil(batch
+/// / n)` each, in order), gathered in replica order on every replica: how a worker gets
+/// the rows the other workers' replicas computed. Each replica pads its `part` (none
+/// without examples) to `ceil(batch / n)` rows of `shape` in `dtype`; one all-gather;
+/// the real rows are the first `batch` (only the last replicas have fewer).
+fn gather_rows(
+    comm: &dyn Communicator,
+    part: Option<&Tensor>,
+    batch: usize,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Tensor> {
+    let n = comm.world_size();
+    let per = batch.div_ceil(n);
+    let dims = |rows: usize| -> Vec<usize> {
+        std::iter::once(rows).chain(shape.iter().copied()).collect()
+    };
+    let rows = part.map_or(0, |p| p.dims().first().copied().unwrap_or(0));
+    let pad = Tensor::zeros(&dims(per - rows), dtype, Device::Cpu)?;
+    let padded = match part {
+        Some(p) => Tensor::concat(&[&p.to_device(Device::Cpu)?.to_dtype(dtype)?, &pad], 0)?,
+        None => pad,
+    };
+    let send = unshared(padded.copy()?)?;
+    let mut all = unshared(Tensor::zeros(&dims(n * per), dtype, Device::Cpu)?)?;
+    comm.all_gather(&send, &mut all)
+        .map_err(mirra_strategy::StrategyError::from)?;
+    Ok(Tensor::from_buffer(all, &dims(n * per))?.narrow(0, 0, batch)?)
+}
+
+/// A fresh tensor's buffer.
+fn unshared(t: Tensor) -> Result<Buffer> {
+    t.into_buffer()
+        .map_err(|_| TrainError::Invalid("a fresh tensor is unshared".into()))
+}
+
+/// One all-reduce of a one-element host tensor of `value`.
+fn all_reduce_one<T: mirra_tensor::Element>(
+    comm: &dyn Communicator,
+    value: T,
+    op: mirra_strategy::ReduceOp,
+) -> Result<T> {
+    let mut buf = unshared(Tensor::from_vec(vec![value], &[1], Device::Cpu)?)?;
+    comm.all_reduce(&mut buf, op)
+        .map_err(mirra_strategy::StrategyError::from)?;
+    Ok(Tensor::from_buffer(buf, &[1])?.to_vec::<T>()?[0])
+}
+
+/// The sum of every replica's `value`, the same bits on every replica.
+fn sum_over_replicas(comm: &dyn Communicator, value: f64) -> Result<f64> {
+    all_reduce_one(comm, value, mirra_strategy::ReduceOp::Sum)
+}
+
+/// True on every replica when `mine` is true on any.
+fn any_replica(comm: &dyn Communicator, mine: bool) -> Result<bool> {
+    Ok(all_reduce_one(comm, i32::from(mine), mirra_strategy::ReduceOp::Max)? != 0)
 }
 
 /// True for the error a replica gets when another one aborted the group.
@@ -535,6 +640,92 @@ mod tests {
                 out.loss
             })
             .collect()
+    }
+
+    /// Workers as threads of this process: `workers` strategies of `per_worker` replicas
+    /// over one hierarchical group (a multi-worker strategy's groups, without MPI).
+    fn workers(workers: usize, per_worker: usize) -> Vec<Arc<MirroredStrategy>> {
+        let make = || {
+            let config = mirra_collectives::Config::default();
+            mirra_collectives::hierarchical_group("direct", "ring", workers, per_worker, config)
+                .unwrap()
+        };
+        let (mut gradients, mut sums) = (make(), make());
+        (0..workers)
+            .map(|_| {
+                let config = StrategyConfig::cpu(per_worker)
+                    .with_bucket_bytes(256)
+                    .with_threads_per_replica(1);
+                let g = gradients.drain(..per_worker).collect();
+                let s = sums.drain(..per_worker).collect();
+                Arc::new(MirroredStrategy::with_communicators(config, g, s).unwrap())
+            })
+            .collect()
+    }
+
+    /// A worker's losses per step and final weights.
+    type Trained = (Vec<f64>, Vec<(String, Tensor)>);
+
+    /// Every worker's losses and final weights after `trajectory`, one thread per worker.
+    fn train_workers(
+        strategies: Vec<Arc<MirroredStrategy>>,
+        steps: usize,
+        batch: usize,
+        last: usize,
+    ) -> Vec<Trained> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = strategies
+                .into_iter()
+                .map(|strategy| {
+                    s.spawn(move || {
+                        let mut model = compile(Some(strategy));
+                        let losses = trajectory(&mut model, steps, batch, last);
+                        (losses, model.get_weights())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Issue 18's proof, with workers as threads: 2 workers of 2 replicas follow one
+    /// process of 4 replicas and one device (loss per step within 1e-5 relative), and so
+    /// do 3 workers of 1 replica, whose shards are uneven (16 = 6 + 6 + 4, the last batch
+    /// 7 = 3 + 3 + 1); every worker ends with the same bits. A worker that fed its
+    /// replicas the shards of its local ids instead of its global ones would train on
+    /// worker 0's examples twice and fail it.
+    #[test]
+    fn workers_follow_one_process_and_one_device() {
+        let (steps, batch, last) = (5, 16, 7);
+        let want = trajectory(&mut compile(None), steps, batch, last);
+        let flat = trajectory(
+            &mut compile(Some(strategy(4, "direct", 256))),
+            steps,
+            batch,
+            last,
+        );
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs();
+        for (n, per_worker) in [(2, 2), (3, 1)] {
+            let results = train_workers(workers(n, per_worker), steps, batch, last);
+            let (losses, weights) = &results[0];
+            for (w, (l, ws)) in results.iter().enumerate().skip(1) {
+                assert_eq!(l, losses, "{n} workers: worker {w}'s losses");
+                for ((name, a), (_, b)) in ws.iter().zip(weights) {
+                    let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+                    let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{n} workers: worker {w}'s {name} differs from worker 0's"
+                    );
+                }
+            }
+            for (s, ((l, f), d)) in losses.iter().zip(&flat).zip(&want).enumerate() {
+                assert!(
+                    close(*l, *f) && close(*l, *d),
+                    "{n} x {per_worker}, step {s}: loss {l}, one process {f}, one device {d}"
+                );
+            }
+        }
     }
 
     fn strategy(replicas: usize, collective: &str, bucket_bytes: usize) -> Arc<MirroredStrategy> {
@@ -781,6 +972,39 @@ mod tests {
                 rows(&want_out, 5..6),
                 "the last replica's part"
             );
+        }
+    }
+
+    /// The same with workers as threads (2 x 2 and 3 x 1): every worker's `evaluate` and
+    /// `predict` hold every worker's rows, bitwise the single device's.
+    #[test]
+    fn evaluate_and_predict_across_workers_give_one_device_s_results() {
+        let (x, y) = data(23);
+        let labelled = mirra_data::Dataset::from_tensor_slices(vec![x.clone(), y])
+            .unwrap()
+            .batch(6, false);
+        let inputs = mirra_data::Dataset::from_tensor_slices(vec![x])
+            .unwrap()
+            .batch(6, false);
+        let mut one = compile(None);
+        let want = one.evaluate(&labelled).unwrap();
+        let want_out = one.predict(&inputs).unwrap().to_vec::<f32>().unwrap();
+        for (n, per_worker) in [(2, 2), (3, 1)] {
+            std::thread::scope(|s| {
+                for strategy in workers(n, per_worker) {
+                    let (labelled, inputs) = (&labelled, &inputs);
+                    let (want, want_out) = (&want, &want_out);
+                    s.spawn(move || {
+                        let mut model = compile(Some(strategy));
+                        let got = model.evaluate(labelled).unwrap();
+                        for (name, value) in want.iter() {
+                            assert_eq!(got.get(name), Some(value), "{n} x {per_worker}: {name}");
+                        }
+                        let out = model.predict(inputs).unwrap().to_vec::<f32>().unwrap();
+                        assert_eq!(&out, want_out, "{n} x {per_worker}");
+                    });
+                }
+            });
         }
     }
 

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use mirra::train::console::{one_line, warn};
 
 mod data_arg;
+mod mpi_job;
 mod outputs;
 mod resume;
 mod topo_cmd;

@@ -112,6 +112,16 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
             Allow,
         ),
         setting(
+            "workers",
+            "MPI processes",
+            crate::mpi_job::detect()
+                .ok()
+                .flatten()
+                .map_or(1, |j| j.size)
+                .to_string(),
+            Allow,
+        ),
+        setting(
             "collective",
             "--collective",
             if args.mirrored() {
@@ -137,11 +147,13 @@ fn usage(e: TrainError) -> Failure {
 
 /// Adds the checkpoint callbacks of `--checkpoint-dir` to `callbacks` and, with
 /// `--resume`, restores `model` from the directory's latest checkpoint. Returns the
-/// (0-based) epoch to start from.
+/// (0-based) epoch to start from. Without `save` (the workers of an MPI job other than
+/// rank 0) it only restores.
 pub fn setup(
     args: &TrainArgs,
     model: &mut Model,
     callbacks: &mut Vec<Box<dyn Callback>>,
+    save: bool,
 ) -> Result<usize, Failure> {
     let Some(dir) = &args.checkpoint_dir else {
         if args.resume {
@@ -162,6 +174,10 @@ pub fn setup(
         }
         (0, None)
     };
+    if !save {
+        // A worker other than rank 0 of an MPI job: it resumes, rank 0 saves.
+        return Ok(initial_epoch);
+    }
     let config = run_config(args, model);
     let checkpoint = |name: &str| -> Result<ModelCheckpoint, Failure> {
         let c = ModelCheckpoint::new(literal(dir.join(name))).map_err(usage)?;

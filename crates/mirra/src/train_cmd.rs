@@ -13,10 +13,18 @@ use mirra::strategy::{MirroredStrategy, StrategyConfig};
 use mirra::train::console::{print_line, stdout_closed, warn};
 use mirra::train::{Callback, FitConfig, HistoryFile, Model, ProgbarLogger};
 
+use crate::mpi_job::Job;
 use crate::{Failure, LrSchedule, TrainArgs};
 
 pub fn run(args: TrainArgs) -> Result<(), Failure> {
     let run_err = |e: &dyn std::fmt::Display| Failure::Run(e.to_string());
+    // Under mpirun: one worker of a multi-worker strategy. Rank 0 alone prints and writes.
+    let job = crate::mpi_job::detect()?;
+    let leader = Job::is_leader(job);
+    if !leader {
+        mirra::train::console::silence();
+    }
+    let workers = job.map_or(1, |j| j.size);
     if !mirra::models::MODEL_NAMES.contains(&args.model.as_str()) {
         return Err(Failure::Usage(format!(
             "unknown model '{}' (known: {})",
@@ -33,6 +41,13 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
                 args.devices().len()
             )));
         }
+    }
+    if job.is_some() && args.devices().iter().any(|d| *d != "cpu") {
+        return Err(Failure::Usage(format!(
+            "--device {} under mpirun: each worker's replicas are host replicas (--device cpu; \
+             GPU workers are not supported yet)",
+            args.device
+        )));
     }
     let mut devices = Vec::new();
     for d in args.devices() {
@@ -69,30 +84,41 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         // --replicas N on one device: N replicas there.
         devices = vec![device; replica_count];
     }
-    if args.collective.is_some() && !args.mirrored() {
+    let mirrored = args.mirrored() || job.is_some();
+    if args.collective.is_some() && !mirrored {
         return Err(Failure::Usage(format!(
             "--collective {} with one device: a collective needs replicas (--replicas N, or a \
              list of devices)",
             args.collective_name()
         )));
     }
-    if let Some(replicas) = args
-        .mirrored()
-        .then_some(replica_count)
+    if let Some(replicas) = mirrored
+        .then_some(replica_count * workers)
         .filter(|&r| r > args.batch_size)
     {
         return Err(Failure::Usage(format!(
-            "--replicas {replicas} is more than --batch-size {}: every replica needs at least \
-             one example of the global batch",
+            "{} is more than --batch-size {}: every replica needs at least one example of \
+             the global batch",
+            match job {
+                Some(j) => format!(
+                    "{replicas} replicas ({} workers x --replicas {replica_count})",
+                    j.size
+                ),
+                None => format!("--replicas {replicas}"),
+            },
             args.batch_size
         )));
     }
-    // Before anything is loaded or trained: a bad output path fails now.
-    let _outputs = crate::outputs::prepare(&args)?;
+    // Before anything is loaded or trained: a bad output path fails now (rank 0 alone
+    // writes them).
+    let _outputs = match leader {
+        true => Some(crate::outputs::prepare(&args)?),
+        false => None,
+    };
     if let Some(t) = args.threads {
         mirra::tensor::set_num_threads(t);
     }
-    if args.allreduce_dtype != crate::AllReduceDtype::Float32 && !args.mirrored() {
+    if args.allreduce_dtype != crate::AllReduceDtype::Float32 && !mirrored {
         return Err(Failure::Usage(format!(
             "--allreduce-dtype {} with one device: there is no all-reduce without replicas",
             args.allreduce_dtype.name()
@@ -108,7 +134,9 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         }
         mirra::tensor::set_bf16_accumulation_ablation(true);
     }
-    let strategy = match args.mirrored() {
+    // MPI, when this is one worker of a job: held until the strategy is gone.
+    let mut _mpi = None;
+    let strategy = match mirrored {
         false => None,
         true => {
             let mut config = StrategyConfig::devices(&devices)
@@ -121,9 +149,15 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             if let Some(dtype) = args.allreduce_dtype.dtype() {
                 config = config.with_gradient_dtype(dtype);
             }
-            Some(Arc::new(
-                MirroredStrategy::new(config).map_err(|e| Failure::Usage(e.to_string()))?,
-            ))
+            let strategy = match job {
+                Some(job) => {
+                    let (session, strategy) = crate::mpi_job::strategy(job, config)?;
+                    _mpi = Some(session);
+                    strategy
+                }
+                None => MirroredStrategy::new(config).map_err(|e| Failure::Usage(e.to_string()))?,
+            };
+            Some(Arc::new(strategy))
         }
     };
     let lr = if args.scale_lr {
@@ -267,6 +301,15 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             s.collective(),
             args.batch_size.div_ceil(s.num_replicas_in_sync()),
         ),
+        Some(s) if s.is_multi_worker() => format!(
+            "{} replicas in sync: {workers} workers (MPI processes) x {}, collective {} \
+             within a worker and mpi across, {} threads each, {} per replica",
+            s.num_replicas_in_sync(),
+            s.local_replicas(),
+            s.collective(),
+            s.threads_per_replica(),
+            args.batch_size.div_ceil(s.num_replicas_in_sync()),
+        ),
         Some(s) => format!(
             "{} replicas in sync, collective {}, {} threads each, {} per replica",
             s.num_replicas_in_sync(),
@@ -333,12 +376,16 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
             .map_err(|e| run_err(&e))?,
         None => Model::compile(net, optimizer, loss, metrics, args.seed),
     };
-    let mut callbacks: Vec<Box<dyn Callback>> = vec![Box::new(ProgbarLogger::new())];
-    if let Some(dir) = &args.logdir {
+    // Every worker computes the same logs; rank 0 alone shows and writes them.
+    let mut callbacks: Vec<Box<dyn Callback>> = Vec::new();
+    if leader {
+        callbacks.push(Box::new(ProgbarLogger::new()));
+    }
+    if let (Some(dir), true) = (&args.logdir, leader) {
         callbacks.push(Box::new(mirra::train::TensorBoard::new(dir)));
     }
-    let initial_epoch = crate::resume::setup(&args, &mut model, &mut callbacks)?;
-    if let Some(path) = &args.history {
+    let initial_epoch = crate::resume::setup(&args, &mut model, &mut callbacks, leader)?;
+    if let (Some(path), true) = (&args.history, leader) {
         callbacks.push(Box::new(HistoryFile::new(path)));
     }
     let config = FitConfig {
@@ -349,11 +396,12 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
         warn("mirra train: standard output is closed: nothing trained");
         return Ok(());
     }
-    if args.trace.is_some() {
+    let trace = args.trace.as_ref().filter(|_| leader);
+    if trace.is_some() {
         mirra::device::trace::start();
     }
     let fitted = model.fit(&train, Some(&validation), &config, &mut callbacks);
-    if let Some(path) = &args.trace {
+    if let Some(path) = trace {
         // Written whether training ended well or not: a trace of a failure shows it too.
         let trace = mirra::device::trace::stop();
         let mut bytes = Vec::new();

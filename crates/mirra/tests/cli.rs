@@ -607,3 +607,53 @@ fn numpy_arrays_and_image_folders_train() {
         assert!(err.contains(needle), "{err}");
     }
 }
+
+/// Under a launcher's environment (mpirun's variables), a build without the `mpi` feature
+/// refuses to train rather than run N independent copies writing the same files; a bad
+/// rank variable and GPU workers are usage errors too.
+#[test]
+fn under_mpirun_a_build_without_mpi_or_a_bad_job_is_one_clear_line() {
+    let run = |vars: &[(&str, &str)], args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_mirra"))
+            .arg("train")
+            .args(args)
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let job = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")];
+    type Vars<'a> = &'a [(&'a str, &'a str)];
+    let cases: Vec<(Vars<'_>, &[&str], &str)> = vec![
+        (
+            &[("PMI_RANK", "three"), ("PMI_SIZE", "4")],
+            &[],
+            "PMI_RANK=\"three\": the launcher's rank and size are numbers",
+        ),
+        (
+            &job,
+            &["--device", "cuda:0"],
+            "under mpirun: each worker's replicas are host replicas",
+        ),
+        (
+            &job,
+            &["--replicas", "40", "--batch-size", "64"],
+            "80 replicas (2 workers x --replicas 40) is more than --batch-size 64",
+        ),
+    ];
+    for (vars, args, want) in cases {
+        let out = run(vars, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let out = run(&job, &["--epochs", "1"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("this mirra was built without MPI"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}

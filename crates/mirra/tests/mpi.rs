@@ -1,0 +1,305 @@
+//! `mirra train` under `mpirun` (cargo feature `mpi`; `ci/mpi.sh` runs these): every
+//! process one worker of a multi-worker strategy, on the bundled data.
+//!
+//! What they reject: workers that do not follow one process with as many replicas (or one
+//! device) at the same global batch; more than one process printing or writing; a lost
+//! worker that does not end the job at once, non-zero and named, or whose run does not
+//! resume to the bits of an uninterrupted one; a silent worker that hangs the others
+//! instead of failing them at the collective deadline.
+#![cfg(feature = "mpi")]
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use mirra::train::Checkpoint;
+
+/// Few epochs of small batches: the runs take a second or two.
+const SETTINGS: [&str; 6] = ["--seed", "3", "--batch-size", "64", "--epochs", "2"];
+
+/// `mirra train args` under `mpirun -np n` (`n` 0: without mpirun).
+fn command(n: usize, args: &[&str], dir: &Path) -> Command {
+    let mirra = env!("CARGO_BIN_EXE_mirra");
+    let mut c = if n == 0 {
+        Command::new(mirra)
+    } else {
+        let mut c = Command::new("mpirun");
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        if root {
+            c.arg("--allow-run-as-root");
+        }
+        c.args(["--oversubscribe", "-np", &n.to_string(), mirra]);
+        c
+    };
+    c.arg("train").args(args).current_dir(dir);
+    c
+}
+
+fn run(n: usize, args: &[&str], dir: &Path) -> Output {
+    command(n, args, dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mpirun ({e}): install OpenMPI (ci/install-mpi.sh)"))
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A History file's values of `key`, one per epoch.
+fn history(path: &Path, key: &str) -> Vec<f64> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    json[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}: no {key}", path.display()))
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+/// 2 workers of 2 replicas, and 3 workers of 1 (uneven shards: 64 = 22 + 22 + 20), follow
+/// one process of 4 replicas and one device: loss and validation loss per epoch within
+/// 1e-5 relative. (Per step, with workers as threads: `mirra-train`'s
+/// `workers_follow_one_process_and_one_device`.)
+#[test]
+fn workers_follow_one_process_and_one_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs: [(&str, usize, &[&str]); 4] = [
+        ("one device", 0, &[]),
+        ("1 x 4", 0, &["--replicas", "4"]),
+        ("2 x 2", 2, &["--replicas", "2"]),
+        ("3 x 1", 3, &[]),
+    ];
+    let mut results = Vec::new();
+    for (name, n, extra) in runs {
+        let file = format!("{}.json", name.replace(' ', "_"));
+        let args: Vec<&str> = SETTINGS
+            .iter()
+            .copied()
+            .chain(extra.iter().copied())
+            .chain(["--history", &file])
+            .collect();
+        let out = run(n, &args, dir.path());
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        let path = dir.path().join(&file);
+        results.push((name, history(&path, "loss"), history(&path, "val_loss")));
+    }
+    let (_, want_loss, want_val) = &results[0];
+    for (name, loss, val) in &results[1..] {
+        for (e, (got, want)) in loss
+            .iter()
+            .zip(want_loss)
+            .chain(val.iter().zip(want_val))
+            .enumerate()
+        {
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs(),
+                "{name}, value {e}: {got} against one device's {want}"
+            );
+        }
+        assert_eq!(loss.len(), 2, "{name}");
+    }
+}
+
+/// Rank 0 alone prints the progress and writes the History, TensorBoard logs and
+/// checkpoints; every worker can resume from them.
+#[test]
+fn rank_0_alone_prints_and_writes_and_every_worker_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--seed",
+        "3",
+        "--batch-size",
+        "64",
+        "--epochs",
+        "1",
+        "--history",
+        "h.json",
+        "--logdir",
+        "logs",
+        "--checkpoint-dir",
+        "ckpt",
+    ];
+    let out = run(2, &args, dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("Training mlp").count(), 1, "{}", text(&out));
+    assert_eq!(stdout.matches("Epoch 1/1").count(), 1, "{}", text(&out));
+    assert!(
+        stdout.contains("2 replicas in sync: 2 workers (MPI processes) x 1"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(history(&dir.path().join("h.json"), "loss").len(), 1);
+    assert!(dir.path().join("ckpt/last.safetensors").exists());
+    let event_files = std::fs::read_dir(dir.path().join("logs/train"))
+        .unwrap()
+        .count();
+    assert_eq!(event_files, 1, "one writer of TensorBoard's train run");
+    // Both workers resume from rank 0's checkpoint and train epoch 2.
+    let resumed: Vec<&str> = args
+        .iter()
+        .map(|a| if *a == "1" { "2" } else { a })
+        .chain(["--resume"])
+        .collect();
+    let out = run(2, &resumed, dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Epoch 2/2"), "{}", text(&out));
+    assert!(!stdout.contains("Epoch 1/2"), "{}", text(&out));
+}
+
+/// The rank-1 process of a running `mpirun` (its child whose environment says so).
+fn rank_1_of(mpirun: &Child) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", mpirun.id()))
+            .unwrap_or_default();
+        for pid in children.split_whitespace() {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            if env
+                .split(|&b| b == 0)
+                .any(|v| v == b"OMPI_COMM_WORLD_RANK=1")
+            {
+                return pid.parse().unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("mpirun started no rank 1");
+}
+
+fn signal(pid: u32, sig: &str) {
+    Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+}
+
+/// The weights and optimizer state of a checkpoint, as bytes.
+fn contents(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let c = Checkpoint::read(path).unwrap();
+    c.weights
+        .iter()
+        .chain(&c.optimizer_state)
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.contiguous().unwrap().as_bytes().unwrap().to_vec(),
+            )
+        })
+        .collect()
+}
+
+/// A worker killed (SIGKILL) after the first epoch's checkpoint: the job ends at once,
+/// non-zero, with mpirun naming the lost rank; `--resume` then ends with the bits of an
+/// uninterrupted run.
+#[test]
+fn a_killed_worker_ends_the_job_and_resume_gives_the_uninterrupted_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |ckpt: &'static str| -> Vec<&'static str> {
+        vec![
+            "--seed",
+            "3",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "5",
+            "--checkpoint-dir",
+            ckpt,
+        ]
+    };
+    let out = run(2, &args("whole"), dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+
+    let mut job = command(2, &args("killed"), dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rank_1 = rank_1_of(&job);
+    let first = dir.path().join("killed/last.safetensors");
+    while !first.exists() {
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before epoch 1's checkpoint"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(rank_1, "-KILL");
+    let killed = Instant::now();
+    let out = job.wait_with_output().unwrap();
+    let ended = killed.elapsed();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        ended < Duration::from_secs(20),
+        "ended {ended:?} after the kill: {}",
+        text(&out)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rank 1") && stderr.contains("signal 9"),
+        "mpirun does not name the lost rank: {}",
+        text(&out)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.contains("Epoch 5/5"),
+        "the kill came too late: {}",
+        text(&out)
+    );
+
+    let mut resumed = args("killed");
+    resumed.push("--resume");
+    let out = run(2, &resumed, dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        contents(&dir.path().join("killed/last.safetensors")),
+        contents(&dir.path().join("whole/last.safetensors")),
+        "the resumed run's final weights and optimizer state"
+    );
+}
+
+/// A worker that stops answering without dying (SIGSTOP): the other fails at the
+/// collective deadline with an error naming it, and the job ends, never hangs.
+#[test]
+fn a_stopped_worker_fails_the_other_at_the_deadline_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--seed", "3", "--batch-size", "8", "--epochs", "50"];
+    let mut job = command(2, &args, dir.path())
+        .env("MIRRA_COLLECTIVE_TIMEOUT_MS", "1000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rank_1 = rank_1_of(&job);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(job.try_wait().unwrap().is_none(), "the job ended early");
+    signal(rank_1, "-STOP");
+    let stopped = Instant::now();
+    let out = job.wait_with_output();
+    let ended = stopped.elapsed();
+    // Whatever happened, leave no stopped process behind.
+    signal(rank_1, "-KILL");
+    let out = out.unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        ended < Duration::from_secs(30),
+        "ended {ended:?} after the stop: {}",
+        text(&out)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rank 0 timed out after") && stderr.contains("waiting for rank(s) [1]"),
+        "{}",
+        text(&out)
+    );
+}
