@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use mirra::train::console::{one_line, warn};
 
 mod data_arg;
+mod launch_cmd;
 mod mpi_job;
 mod outputs;
 mod resume;
@@ -28,6 +29,9 @@ enum Command {
     /// Print how this machine's GPUs are connected (NVLink, PCIe path, peer access), as
     /// `nvidia-smi topo -m`.
     Topo(TopoArgs),
+    /// Run `mirra train` on N processes under mpirun (`mirra launch -np N -- train ...`),
+    /// restarting the job from its last checkpoint when it fails (--max-restarts).
+    Launch(launch_cmd::LaunchArgs),
 }
 
 /// Flags of `mirra topo`.
@@ -210,6 +214,13 @@ pub struct TrainArgs {
     /// --seed; --replicas and --collective may change.
     #[arg(long)]
     pub resume: bool,
+    /// Restart a failed run up to N times, each from the last checkpoint of
+    /// --checkpoint-dir (torchrun's --max-restarts): the replicas are rebuilt and the run
+    /// resumes, so it ends with the weights of an uninterrupted one. Each restart is
+    /// logged on standard error with its cause. Under mpirun, `mirra launch` restarts the
+    /// job instead.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_restarts: usize,
     /// Threads for the kernels, at most the machine's cores (default: all cores; with
     /// --replicas, per replica: the cores shared among the replicas).
     #[arg(long, value_parser = threads, allow_negative_numbers = true)]
@@ -396,7 +407,7 @@ pub enum Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(launch_cmd::mpirun_spelling(std::env::args_os())) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version.
@@ -422,6 +433,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => pin_nccl_algorithm(&args).and_then(|()| train_cmd::run(*args)),
         Command::Topo(args) => topo_cmd::run(args),
+        Command::Launch(args) => launch_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,7 +16,95 @@ use mirra::train::{Callback, FitConfig, HistoryFile, Model, ProgbarLogger};
 use crate::mpi_job::Job;
 use crate::{Failure, LrSchedule, TrainArgs};
 
+/// `mirra train`: one run, restarted from its last checkpoint up to `--max-restarts` times
+/// when it fails (torchrun's `--max-restarts`): the strategy and its replicas are rebuilt,
+/// and `--resume` continues from the last checkpoint, so the final weights are an
+/// uninterrupted run's. Under mpirun the job itself must restart: `mirra launch`.
 pub fn run(args: TrainArgs) -> Result<(), Failure> {
+    if args.max_restarts > 0 {
+        if args.checkpoint_dir.is_none() {
+            return Err(Failure::Usage(
+                "--max-restarts needs --checkpoint-dir DIR: a restart resumes from the last \
+                 checkpoint"
+                    .into(),
+            ));
+        }
+        if let Some(job) = crate::mpi_job::detect()? {
+            return Err(Failure::Usage(format!(
+                "--max-restarts under mpirun (process {} of {}): a failed MPI job ends every \
+                 process, so the job restarts, not the process: `mirra launch -np {} \
+                 --max-restarts {} -- train ...`",
+                job.rank, job.size, job.size, args.max_restarts
+            )));
+        }
+    }
+    let mut fault = Fault::from_env()?;
+    let mut args = args;
+    for restart in 1.. {
+        match train(&args, fault.take()) {
+            Err(Failure::Run(cause)) if restart <= args.max_restarts => {
+                warn(&format!(
+                    "mirra train: restart {restart} of {} after: {}; resuming from the last \
+                     checkpoint in {}",
+                    args.max_restarts,
+                    mirra::train::console::one_line(&cause),
+                    args.checkpoint_dir
+                        .as_deref()
+                        .map_or(String::new(), |d| d.display().to_string())
+                ));
+                args.resume = true;
+            }
+            other => return other,
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// `MIRRA_FAULT_AFTER_STEPS=N`: the first attempt of the run fails after N training
+/// steps, as a replica or a worker might: what tests of `--max-restarts` and `mirra
+/// launch` restart from.
+#[derive(Clone, Copy, Debug)]
+struct Fault {
+    after: usize,
+    seen: usize,
+}
+
+impl Fault {
+    const VAR: &'static str = "MIRRA_FAULT_AFTER_STEPS";
+
+    fn from_env() -> Result<Option<Fault>, Failure> {
+        let Ok(v) = std::env::var(Fault::VAR) else {
+            return Ok(None);
+        };
+        let after = v
+            .trim()
+            .parse::<usize>()
+            .map_err(|_| Failure::Usage(format!("{}={v:?}: a number of steps", Fault::VAR)))?;
+        Ok(Some(Fault { after, seen: 0 }))
+    }
+}
+
+impl Callback for Fault {
+    fn on_train_batch_end(
+        &mut self,
+        _step: usize,
+        _logs: &mirra::train::Logs,
+        _model: &mut Model,
+    ) -> mirra::train::Result<()> {
+        self.seen += 1;
+        if self.seen == self.after {
+            return Err(mirra::train::TrainError::Invalid(format!(
+                "a fault injected after {} steps ({})",
+                self.after,
+                Fault::VAR
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One attempt of the run (with `fault` injected, if any).
+fn train(args: &TrainArgs, fault: Option<Fault>) -> Result<(), Failure> {
     let run_err = |e: &dyn std::fmt::Display| Failure::Run(e.to_string());
     // Under mpirun: one worker of a multi-worker strategy. Rank 0 alone prints and writes.
     let job = crate::mpi_job::detect()?;
@@ -112,7 +200,7 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     // Before anything is loaded or trained: a bad output path fails now (rank 0 alone
     // writes them).
     let _outputs = match leader {
-        true => Some(crate::outputs::prepare(&args)?),
+        true => Some(crate::outputs::prepare(args)?),
         false => None,
     };
     if let Some(t) = args.threads {
@@ -384,7 +472,10 @@ pub fn run(args: TrainArgs) -> Result<(), Failure> {
     if let (Some(dir), true) = (&args.logdir, leader) {
         callbacks.push(Box::new(mirra::train::TensorBoard::new(dir)));
     }
-    let initial_epoch = crate::resume::setup(&args, &mut model, &mut callbacks, leader)?;
+    let initial_epoch = crate::resume::setup(args, &mut model, &mut callbacks, leader)?;
+    if let Some(fault) = fault {
+        callbacks.push(Box::new(fault));
+    }
     if let (Some(path), true) = (&args.history, leader) {
         callbacks.push(Box::new(HistoryFile::new(path)));
     }

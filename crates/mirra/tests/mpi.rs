@@ -157,24 +157,39 @@ fn rank_0_alone_prints_and_writes_and_every_worker_resumes() {
     assert!(!stdout.contains("Epoch 1/2"), "{}", text(&out));
 }
 
-/// The rank-1 process of a running `mpirun` (its child whose environment says so).
-fn rank_1_of(mpirun: &Child) -> u32 {
+/// The rank-1 process of a running job: the descendant of `root` (mpirun, or the
+/// launcher that runs it) whose environment says so.
+fn rank_1_of(root: &Child) -> u32 {
+    let children = |pid: u32| -> Vec<u32> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect()
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", mpirun.id()))
-            .unwrap_or_default();
-        for pid in children.split_whitespace() {
+        let mut queue = vec![root.id()];
+        while let Some(pid) = queue.pop() {
             let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
             if env
                 .split(|&b| b == 0)
                 .any(|v| v == b"OMPI_COMM_WORLD_RANK=1")
             {
-                return pid.parse().unwrap();
+                return pid;
             }
+            queue.extend(children(pid));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    panic!("mpirun started no rank 1");
+    panic!("the job started no rank 1");
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -301,5 +316,82 @@ fn a_stopped_worker_fails_the_other_at_the_deadline_naming_it() {
         stderr.contains("rank 0 timed out after") && stderr.contains("waiting for rank(s) [1]"),
         "{}",
         text(&out)
+    );
+}
+
+/// `mirra launch -np 2 --max-restarts 1`: a worker killed after epoch 1's checkpoint ends
+/// the job; the launcher logs the restart with mpirun's cause, starts the job again with
+/// --resume, and it ends with the bits of an uninterrupted run.
+#[test]
+fn mirra_launch_restarts_a_job_whose_worker_was_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let train = |ckpt: &'static str| -> Vec<&'static str> {
+        vec![
+            "train",
+            "--seed",
+            "3",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "5",
+            "--checkpoint-dir",
+            ckpt,
+        ]
+    };
+    let launch = |ckpt| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_mirra"));
+        c.args([
+            "launch",
+            "-np",
+            "2",
+            "--oversubscribe",
+            "--max-restarts",
+            "1",
+            "--",
+        ])
+        .args(train(ckpt))
+        .current_dir(dir.path());
+        c
+    };
+    let out = launch("whole").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("restart"),
+        "{}",
+        text(&out)
+    );
+
+    let mut job = launch("killed")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rank_1 = rank_1_of(&job);
+    let first = dir.path().join("killed/last.safetensors");
+    while !first.exists() {
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before epoch 1's checkpoint"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(rank_1, "-KILL");
+    let out = job.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let restart = stderr
+        .lines()
+        .find(|l| l.starts_with("mirra launch: the job failed"))
+        .unwrap_or_else(|| panic!("no restart logged: {}", text(&out)));
+    assert!(
+        restart.contains("rank 1") && restart.contains("restart 1 of 1 from the last checkpoint"),
+        "{restart}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("continuing at epoch"), "{}", text(&out));
+    assert_eq!(
+        contents(&dir.path().join("killed/last.safetensors")),
+        contents(&dir.path().join("whole/last.safetensors")),
+        "the restarted job's final weights and optimizer state"
     );
 }

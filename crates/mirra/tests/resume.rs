@@ -215,3 +215,64 @@ fn resuming_with_other_settings_or_a_broken_checkpoint_is_one_clear_error() {
         "error: --resume needs --checkpoint-dir DIR (the directory of the run to continue)"
     );
 }
+
+/// `--max-restarts`: a run whose replicas fail in epoch 2 (a fault injected after 40 of
+/// its 96 steps) restarts in the same process, rebuilds its replicas, resumes from epoch
+/// 1's checkpoint, logs the restart with its cause, and ends with the bits of an
+/// uninterrupted run. Without restarts the same fault fails the run (exit 1).
+#[test]
+fn max_restarts_resumes_a_failed_run_to_the_uninterrupted_bits() {
+    let three = [&SETTINGS[..], &["--epochs", "3", "--replicas", "2"]].concat();
+    let whole = tempfile::tempdir().unwrap();
+    let out = mirra(&three, whole.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let faulty = |extra: &[&str], dir: &Path| {
+        command(&[&three[..], extra].concat(), dir)
+            .env("MIRRA_FAULT_AFTER_STEPS", "40")
+            .output()
+            .unwrap()
+    };
+    let failed = tempfile::tempdir().unwrap();
+    let out = faulty(&[], failed.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("a fault injected after 40 steps"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let restarted = tempfile::tempdir().unwrap();
+    let out = faulty(&["--max-restarts", "2"], restarted.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("mirra train: restart 1 of 2 after: a fault injected after 40 steps"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("restart 2 of 2"), "{stderr}");
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("1 epochs done (step 32), continuing at epoch 2"),
+        "{stdout}"
+    );
+    let (step, epochs, tensors) = contents(&restarted.path().join("last.safetensors"));
+    assert_eq!((step, epochs), (3 * 32, 3));
+    let (_, _, uninterrupted) = contents(&whole.path().join("last.safetensors"));
+    assert!(
+        tensors == uninterrupted,
+        "differ from the uninterrupted run"
+    );
+
+    // Restarts resume from checkpoints: without a directory they are refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_mirra"))
+        .args(["train", "--max-restarts", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--max-restarts needs --checkpoint-dir DIR"),
+        "{}",
+        text(&out.stderr)
+    );
+}
