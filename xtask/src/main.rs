@@ -10,6 +10,7 @@ mod bench_collectives;
 mod bench_core;
 mod bench_gpu;
 mod bench_mirrored;
+mod bench_workers;
 mod bf16_matmul;
 mod cli;
 mod compare;
@@ -75,6 +76,8 @@ enum Command {
     BenchCollectives(Rest),
     /// MLP training per replica count and collective, what communication costs -> target/bench/mirrored.json
     BenchMirrored(Rest),
+    /// mirra train in one process and under mpirun as several workers (MLP, cnn) -> target/bench/workers.json
+    BenchWorkers(Rest),
     /// The scaling model (NVLink, PCIe, IB), its checks (--validate), this machine measured -> target/bench/
     Scaling(Rest),
     /// The scaling report, measured and modelled, SVG plots, baseline check -> target/reports/
@@ -131,6 +134,7 @@ fn main() -> ExitCode {
         Command::AccuracyPrecision(r) => accuracy_precision::run(&r.args),
         Command::BenchCollectives(r) => bench_collectives::run(&r.args),
         Command::BenchMirrored(r) => bench_mirrored::run(&r.args),
+        Command::BenchWorkers(r) => bench_workers::run(&r.args),
         Command::Scaling(r) => scaling::run(&r.args),
         Command::Report(r) => report::run(&r.args),
         Command::Kernels(r) => kernels::run(&r.args),

@@ -988,6 +988,28 @@ fn rank_leaves(backend: &str) {
     }
 }
 
+/// A rank that completes a collective and leaves at once (drops its communicator) has not
+/// failed that collective: the others, which may still be finishing it (waiting for every
+/// rank's exit), complete it. 50 rounds, so that the leaving lands inside their waits.
+fn rank_leaves_after_completing(backend: &str) {
+    for round in 0..50 {
+        let results = on_ranks(group(backend, 3), |c| {
+            let mut b = buf(&[c.rank() as f32; 4096]);
+            let done = c.broadcast(&mut b, 0);
+            if c.rank() == 1 {
+                drop(c);
+            }
+            done.map(|()| vals::<f32>(&b))
+        });
+        for (r, res) in results.into_iter().enumerate() {
+            match res {
+                Ok(v) => assert!(v.iter().all(|&x| x == 0.0), "round {round}, rank {r}"),
+                Err(e) => panic!("round {round}, rank {r}: {e}"),
+            }
+        }
+    }
+}
+
 /// A rank panics (its communicator is dropped while unwinding): the others' pending calls
 /// fail with RankGone naming it, promptly.
 fn rank_panics(backend: &str) {
@@ -1384,6 +1406,11 @@ macro_rules! suite {
             $(#[$attr])*
             fn a_rank_that_leaves_fails_the_others() {
                 rank_leaves($backend);
+            }
+            #[test]
+            $(#[$attr])*
+            fn a_rank_that_leaves_after_completing_does_not_fail_the_others() {
+                rank_leaves_after_completing($backend);
             }
             #[test]
             $(#[$attr])*

@@ -558,7 +558,9 @@ impl Group {
                 }
             }
             let now = Instant::now();
-            check(now)?;
+            if let Err(end) = check(now) {
+                return settle(&mut done, end);
+            }
             if now >= spin_until {
                 break;
             }
@@ -570,7 +572,9 @@ impl Group {
                 return Ok(());
             }
             let now = Instant::now();
-            check(now)?;
+            if let Err(end) = check(now) {
+                return settle(&mut done, end);
+            }
             if now >= park_at {
                 break;
             }
@@ -597,7 +601,9 @@ impl Group {
             if done() {
                 return Ok(());
             }
-            check(Instant::now())?;
+            if let Err(end) = check(Instant::now()) {
+                return settle(&mut done, end);
+            }
         }
     }
 
@@ -736,6 +742,18 @@ impl Group {
 enum WaitEnd {
     Aborted,
     Deadline,
+}
+
+/// A wait that found the group aborted or its deadline passed: still a success if what it
+/// waited for has happened meanwhile. A peer that finished this collective and then left
+/// (dropped its communicator: the group is aborted with `RankGone`) has not failed it:
+/// its exit was recorded before it left.
+fn settle(done: &mut impl FnMut() -> bool, end: WaitEnd) -> Result<(), WaitEnd> {
+    if done() {
+        Ok(())
+    } else {
+        Err(end)
+    }
 }
 
 impl Abortable for Group {
