@@ -12,4 +12,6 @@ cd "$(dirname "$0")/.."
 bash ci/install-mpi.sh
 cargo clippy --locked -p mirra-collectives -p mirra-strategy -p mirra --features mpi --all-targets -- -D warnings
 cargo test --locked -p mirra-collectives --features mpi --test mpi
+# The conformance suite itself under mpirun, on the mpi and the hierarchical backends.
+cargo test --locked -p mirra-collectives --features mpi --lib conformance::under_mpirun
 cargo test --locked -p mirra --features mpi --test mpi

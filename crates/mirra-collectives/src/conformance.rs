@@ -560,7 +560,7 @@ fn tolerance(dtype: DType, op: ReduceOp, vals: &[f64]) -> f64 {
     (n + 1.0) * eps * m + tiny
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Prop {
     AllReduce,
     ReduceScatter,
@@ -595,6 +595,114 @@ fn check_close<T: Reducible>(
     Ok(())
 }
 
+/// One property case: every rank's input (drawn from the seed, so any process can draw
+/// every rank's) and the sequential reference's result.
+struct PropCase {
+    n: usize,
+    len: usize,
+    op: ReduceOp,
+    kind: Prop,
+    /// Elements each rank receives from a reduce-scatter.
+    count: usize,
+    inputs: Vec<Buffer>,
+    want: Buffer,
+}
+
+impl PropCase {
+    fn new<T: Reducible>(
+        n: usize,
+        len: usize,
+        op: ReduceOp,
+        kind: Prop,
+        seed: u64,
+    ) -> Result<PropCase, String> {
+        let mut rng = Rng(seed);
+        let count = match kind {
+            Prop::ReduceScatter => len / n,
+            _ => len,
+        };
+        let send_len = match kind {
+            Prop::ReduceScatter => count * n,
+            _ => len,
+        };
+        let inputs: Vec<Buffer> = (0..n)
+            .map(|_| random_input::<T>(&mut rng, send_len))
+            .collect();
+        let refs: Vec<&Buffer> = inputs.iter().collect();
+        let want = reference::all_reduce(&refs, op).map_err(|e| e.to_string())?;
+        Ok(PropCase {
+            n,
+            len,
+            op,
+            kind,
+            count,
+            inputs,
+            want,
+        })
+    }
+
+    /// Rank `comm.rank()`'s collective on its input; its output, on the host.
+    fn run<T: Reducible>(&self, comm: &dyn Communicator) -> Result<Buffer, String> {
+        let (r, op) = (comm.rank(), self.op);
+        match self.kind {
+            Prop::AllReduce | Prop::Reduce(_) => {
+                let mut b = on_dev(&self.inputs[r]);
+                match self.kind {
+                    Prop::Reduce(root) => comm.reduce(&mut b, op, root % self.n),
+                    _ => comm.all_reduce(&mut b, op),
+                }
+                .map_err(|e| e.to_string())?;
+                Ok(host(&b))
+            }
+            Prop::ReduceScatter => {
+                let zeros = Buffer::zeros(T::DTYPE, self.count, Device::Cpu).unwrap();
+                let mut recv = on_dev(&zeros);
+                comm.reduce_scatter(&on_dev(&self.inputs[r]), &mut recv, op)
+                    .map_err(|e| e.to_string())?;
+                Ok(host(&recv))
+            }
+        }
+    }
+
+    /// Rank `r`'s output against the reference (`what` names the case).
+    fn check<T: Reducible>(&self, r: usize, out: &Buffer, what: &str) -> Result<(), String> {
+        let slices: Vec<&[T]> = self
+            .inputs
+            .iter()
+            .map(|b| b.as_slice::<T>().unwrap())
+            .collect();
+        match self.kind {
+            Prop::AllReduce => check_close::<T>(what, out, &self.want, &slices, 0, self.op),
+            Prop::Reduce(root) if r == root % self.n => {
+                check_close::<T>(what, out, &self.want, &slices, 0, self.op)
+            }
+            Prop::Reduce(_) if out.as_bytes().unwrap() != self.inputs[r].as_bytes().unwrap() => {
+                Err(format!("{what}: non-root buffer changed"))
+            }
+            Prop::Reduce(_) => Ok(()),
+            Prop::ReduceScatter => {
+                let bytes = self.count * T::DTYPE.size_in_bytes();
+                let mut part = Buffer::zeros(T::DTYPE, self.count, Device::Cpu).unwrap();
+                part.as_bytes_mut()
+                    .unwrap()
+                    .copy_from_slice(&self.want.as_bytes().unwrap()[r * bytes..(r + 1) * bytes]);
+                check_close::<T>(what, out, &part, &slices, r * self.count, self.op)
+            }
+        }
+    }
+
+    fn what<T: Reducible>(&self, backend: &str, slice_bytes: usize, r: usize) -> String {
+        format!(
+            "{backend} n={} len={} {} {} {:?} slice {slice_bytes} B rank {r}",
+            self.n,
+            self.len,
+            T::DTYPE,
+            self.op,
+            self.kind
+        )
+    }
+}
+
 fn prop_case<T: Reducible>(
     backend: &str,
     n: usize,
@@ -604,81 +712,20 @@ fn prop_case<T: Reducible>(
     seed: u64,
     slice_bytes: usize,
 ) -> Result<(), String> {
-    let mut rng = Rng(seed);
-    let count = match kind {
-        Prop::ReduceScatter => len / n,
-        _ => len,
-    };
-    let send_len = match kind {
-        Prop::ReduceScatter => count * n,
-        _ => len,
-    };
-    let inputs: Vec<Buffer> = (0..n)
-        .map(|_| random_input::<T>(&mut rng, send_len))
-        .collect();
-    let refs: Vec<&Buffer> = inputs.iter().collect();
-    let want = reference::all_reduce(&refs, op).map_err(|e| e.to_string())?;
-    let slices: Vec<&[T]> = inputs.iter().map(|b| b.as_slice::<T>().unwrap()).collect();
+    let case = PropCase::new::<T>(n, len, op, kind, seed)?;
     let mut config = Config::default().with_timeout(Duration::from_secs(30));
     config.slice_bytes = slice_bytes;
     let comms = make_group(backend, n, config).map_err(|e| e.to_string())?;
-    let outs = on_ranks(comms, |comm| -> Result<Buffer, String> {
-        let r = comm.rank();
-        match kind {
-            Prop::AllReduce | Prop::Reduce(_) => {
-                let mut b = on_dev(&inputs[r]);
-                match kind {
-                    Prop::Reduce(root) => comm.reduce(&mut b, op, root % n),
-                    _ => comm.all_reduce(&mut b, op),
-                }
-                .map_err(|e| e.to_string())?;
-                Ok(host(&b))
-            }
-            Prop::ReduceScatter => {
-                let mut recv = on_dev(&Buffer::zeros(T::DTYPE, count, Device::Cpu).unwrap());
-                comm.reduce_scatter(&on_dev(&inputs[r]), &mut recv, op)
-                    .map_err(|e| e.to_string())?;
-                Ok(host(&recv))
-            }
-        }
-    });
+    let outs = on_ranks(comms, |comm| case.run::<T>(&*comm));
     let outs: Vec<Buffer> = outs.into_iter().collect::<Result<_, _>>()?;
-    let what = |r: usize| {
-        format!(
-            "{backend} n={n} len={len} {} {op} {kind:?} slice {slice_bytes} B rank {r}",
-            T::DTYPE
-        )
-    };
-    match kind {
-        Prop::AllReduce => {
-            for (r, o) in outs.iter().enumerate() {
-                if o.as_bytes().unwrap() != outs[0].as_bytes().unwrap() {
-                    return Err(format!("{}: differs bitwise from rank 0", what(r)));
-                }
-            }
-            check_close::<T>(&what(0), &outs[0], &want, &slices, 0, op)
+    for (r, o) in outs.iter().enumerate() {
+        let what = case.what::<T>(backend, slice_bytes, r);
+        if kind == Prop::AllReduce && o.as_bytes().unwrap() != outs[0].as_bytes().unwrap() {
+            return Err(format!("{what}: differs bitwise from rank 0"));
         }
-        Prop::Reduce(root) => {
-            let root = root % n;
-            for (r, o) in outs.iter().enumerate() {
-                if r != root && o.as_bytes().unwrap() != inputs[r].as_bytes().unwrap() {
-                    return Err(format!("{}: non-root buffer changed", what(r)));
-                }
-            }
-            check_close::<T>(&what(root), &outs[root], &want, &slices, 0, op)
-        }
-        Prop::ReduceScatter => {
-            for (r, o) in outs.iter().enumerate() {
-                let bytes = count * T::DTYPE.size_in_bytes();
-                let mut part = Buffer::zeros(T::DTYPE, count, Device::Cpu).unwrap();
-                part.as_bytes_mut()
-                    .unwrap()
-                    .copy_from_slice(&want.as_bytes().unwrap()[r * bytes..(r + 1) * bytes]);
-                check_close::<T>(&what(r), o, &part, &slices, r * count, op)?;
-            }
-            Ok(())
-        }
+        case.check::<T>(r, o, &what)?;
     }
+    Ok(())
 }
 
 type PropInput = (usize, usize, ReduceOp, DType, Prop, u64, usize);
@@ -722,16 +769,29 @@ fn proptest_backend(backend: &'static str) {
 // ---------------------------------------------------------------------------------------
 // Errors and the failure model.
 
-fn all_errors(results: Vec<crate::Result<()>>) -> Vec<CollectiveError> {
+/// A rank's body in the failure-model tests that leave the group usable.
+type Body<'a> = &'a (dyn Fn(&dyn Communicator) -> crate::Result<()> + Sync);
+
+/// Runs a [`Body`] on a group of `n` ranks and returns the results with their ranks:
+/// every rank of a fresh group in one process ([`in_process`]), or under MPI this
+/// process's rank of the world when it has `n` ranks (none otherwise).
+type Runner<'a> = &'a dyn Fn(usize, Body<'_>) -> Vec<(usize, crate::Result<()>)>;
+
+/// The [`Runner`] of `backend`'s groups in this process.
+fn in_process(backend: &str) -> impl Fn(usize, Body<'_>) -> Vec<(usize, crate::Result<()>)> + '_ {
+    move |n, body| on_ranks(group(backend, n), |c| (c.rank(), body(&*c)))
+}
+
+fn all_errors(results: Vec<(usize, crate::Result<()>)>) -> Vec<(usize, CollectiveError)> {
     results
         .into_iter()
-        .map(|r| r.expect_err("every rank must fail"))
+        .map(|(r, res)| (r, res.expect_err("every rank must fail")))
         .collect()
 }
 
-fn mismatches(backend: &str) {
+fn mismatches(run: Runner<'_>) {
     // Lengths: rank 1 passes 5 elements, the others 4.
-    let errs = all_errors(on_ranks(group(backend, 3), |c| {
+    let errs = all_errors(run(3, &|c| {
         let len = if c.rank() == 1 { 5 } else { 4 };
         let mut b = buf(&vec![1.0f32; len]);
         let res = c.all_reduce(&mut b, ReduceOp::Sum);
@@ -741,7 +801,7 @@ fn mismatches(backend: &str) {
         assert_eq!(vals::<f32>(&ok), [3.0; 4]);
         res
     }));
-    for e in &errs {
+    for (_, e) in &errs {
         assert_eq!(
             *e,
             CollectiveError::LengthMismatch {
@@ -755,7 +815,7 @@ fn mismatches(backend: &str) {
         );
     }
     // Rank 0 alone differs: it is the one named.
-    let errs = all_errors(on_ranks(group(backend, 3), |c| {
+    let errs = all_errors(run(3, &|c| {
         let mut b = if c.rank() == 0 {
             buf(&[1.0f64; 4])
         } else {
@@ -763,7 +823,7 @@ fn mismatches(backend: &str) {
         };
         c.all_reduce(&mut b, ReduceOp::Sum)
     }));
-    for e in &errs {
+    for (_, e) in &errs {
         assert!(
             matches!(
                 e,
@@ -779,7 +839,7 @@ fn mismatches(backend: &str) {
         );
     }
     // Operators.
-    let errs = all_errors(on_ranks(group(backend, 4), |c| {
+    let errs = all_errors(run(4, &|c| {
         let op = if c.rank() == 2 {
             ReduceOp::Max
         } else {
@@ -787,7 +847,7 @@ fn mismatches(backend: &str) {
         };
         c.all_reduce(&mut buf(&[1i32; 3]), op)
     }));
-    for e in &errs {
+    for (_, e) in &errs {
         assert!(
             matches!(
                 e,
@@ -804,11 +864,11 @@ fn mismatches(backend: &str) {
         assert!(e.to_string().contains("rank 2 asked for max"), "{e}");
     }
     // Roots.
-    let errs = all_errors(on_ranks(group(backend, 3), |c| {
+    let errs = all_errors(run(3, &|c| {
         let root = if c.rank() == 2 { 1 } else { 0 };
         c.broadcast(&mut buf(&[1u8; 3]), root)
     }));
-    for e in &errs {
+    for (_, e) in &errs {
         assert!(
             matches!(
                 e,
@@ -824,44 +884,57 @@ fn mismatches(backend: &str) {
         );
     }
     // Different collectives at the same point of the sequence.
-    let errs = all_errors(on_ranks(group(backend, 2), |c| {
+    let errs = all_errors(run(2, &|c| {
         if c.rank() == 0 {
             c.all_reduce(&mut buf(&[1.0f32]), ReduceOp::Sum)
         } else {
             c.barrier()
         }
     }));
-    assert!(
-        matches!(
-            errs[0],
-            CollectiveError::CollectiveMismatch {
-                op: Collective::AllReduce,
-                rank: 1,
-                started: Collective::Barrier,
-                ..
-            }
-        ),
-        "{}",
-        errs[0]
-    );
-    assert!(
-        matches!(
-            errs[1],
-            CollectiveError::CollectiveMismatch {
-                op: Collective::Barrier,
-                rank: 1,
-                ..
-            }
-        ),
-        "{}",
-        errs[1]
-    );
+    for (r, e) in &errs {
+        let (op, started) = match r {
+            0 => (Collective::AllReduce, Some(Collective::Barrier)),
+            _ => (Collective::Barrier, None),
+        };
+        assert!(
+            matches!(
+                e,
+                CollectiveError::CollectiveMismatch { op: o, rank: 1, started: s, .. }
+                    if *o == op && started.is_none_or(|want| *s == want)
+            ),
+            "rank {r}: {e}"
+        );
+    }
 }
 
-fn bad_arguments(backend: &str) {
+/// u8 sums wrap (modulo 256) in every collective that reduces, as the crate's kernel
+/// does: 1,000 elements of 200 on 3 ranks sum to 600 mod 256 = 88. (OpenMPI 4.1's own
+/// u8 sums saturate at 255 from 32 elements on; the `mpi` backend reduces u8 with the
+/// crate's kernel instead, and this is what fails without that.)
+fn u8_sums_wrap(run: Runner<'_>) {
+    let results = run(3, &|c| {
+        let want = |len: usize| vec![88u8; len];
+        let mut b = buf(&[200u8; 1000]);
+        c.all_reduce(&mut b, ReduceOp::Sum)?;
+        assert_eq!(vals::<u8>(&b), want(1000), "all_reduce");
+        let mut recv = buf(&[0u8; 1000]);
+        c.reduce_scatter(&buf(&[200u8; 3000]), &mut recv, ReduceOp::Sum)?;
+        assert_eq!(vals::<u8>(&recv), want(1000), "reduce_scatter");
+        let mut b = buf(&[200u8; 1000]);
+        c.reduce(&mut b, ReduceOp::Sum, 2)?;
+        let root = if c.rank() == 2 { 88 } else { 200 };
+        assert_eq!(vals::<u8>(&b), vec![root; 1000], "reduce");
+        Ok(())
+    });
+    for (r, res) in results {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+fn bad_arguments(run: Runner<'_>) {
     // Root out of range on every rank, and on one rank only.
     for bad in [None, Some(1)] {
-        let errs = all_errors(on_ranks(group(backend, 3), |c| {
+        let errs = all_errors(run(3, &|c| {
             let root = if bad.is_none_or(|b| b == c.rank()) {
                 3
             } else {
@@ -870,7 +943,7 @@ fn bad_arguments(backend: &str) {
             c.reduce(&mut buf(&[1.0f32; 2]), ReduceOp::Sum, root)
         }));
         let rank = bad.unwrap_or(0);
-        for e in &errs {
+        for (_, e) in &errs {
             assert_eq!(
                 *e,
                 CollectiveError::RootOutOfRange {
@@ -884,12 +957,12 @@ fn bad_arguments(backend: &str) {
         }
     }
     // Send and receive sizes that do not fit.
-    let errs = all_errors(on_ranks(group(backend, 2), |c| {
+    let errs = all_errors(run(2, &|c| {
         let send = buf(&[1.0f32; 4]);
         let mut recv = buf(&[0.0f32; 3]);
         c.reduce_scatter(&send, &mut recv, ReduceOp::Sum)
     }));
-    for e in &errs {
+    for (_, e) in &errs {
         assert!(
             matches!(
                 e,
@@ -904,12 +977,12 @@ fn bad_arguments(backend: &str) {
             "{e}"
         );
     }
-    let errs = all_errors(on_ranks(group(backend, 2), |c| {
+    let errs = all_errors(run(2, &|c| {
         let send = buf(&[1.0f32; 2]);
         let mut recv = buf(&[0.0f64; 4]);
         c.all_gather(&send, &mut recv)
     }));
-    for e in &errs {
+    for (_, e) in &errs {
         assert!(
             matches!(
                 e,
@@ -1390,12 +1463,17 @@ macro_rules! suite {
             #[test]
             $(#[$attr])*
             fn mismatched_arguments_fail_on_every_rank() {
-                mismatches($backend);
+                mismatches(&in_process($backend));
             }
             #[test]
             $(#[$attr])*
             fn invalid_arguments_fail_on_every_rank() {
-                bad_arguments($backend);
+                bad_arguments(&in_process($backend));
+            }
+            #[test]
+            $(#[$attr])*
+            fn u8_sums_wrap_in_every_reduction() {
+                u8_sums_wrap(&in_process($backend));
             }
             #[test]
             $(#[$attr])*
@@ -1630,5 +1708,154 @@ mod schedules {
     #[ignore = "needs a CUDA device"]
     fn cuda_ring() {
         plans_catch_broken_schedules("cuda-ring");
+    }
+}
+
+/// The suite under `mpirun` (feature `mpi`): the test launches this test binary again on
+/// 2, 3 and 4 processes, where one ignored test runs the suite's per-rank parts on each
+/// process's rank: the grid (`grid_rank`: every collective, dtype, operator, root and
+/// length against closed forms), 48 seeded property cases against the sequential
+/// reference (every rank's bits compared through an all-gather), and the argument errors
+/// (`mismatches`, `bad_arguments`: the same error on every rank, the group usable after),
+/// first on the `mpi` backend, then on the hierarchical one over MPI (two replica threads
+/// per process). The failure cases that end an MPI job (deadlines, a rank gone) are
+/// `tests/mpi.rs`'s, each in a job of its own.
+#[cfg(feature = "mpi")]
+mod under_mpirun {
+    use super::*;
+
+    /// Set in the environment of the processes the test launches.
+    const CHILD: &str = "MIRRA_MPI_SUITE_CHILD";
+
+    #[test]
+    fn the_suite_passes_on_2_3_and_4_processes() {
+        if std::env::var_os(CHILD).is_some() {
+            return;
+        }
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        for n in [2, 3, 4] {
+            let mut cmd = std::process::Command::new("mpirun");
+            if root {
+                cmd.arg("--allow-run-as-root");
+            }
+            let out = cmd
+                .args(["--oversubscribe", "-np", &n.to_string()])
+                .arg(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "conformance::under_mpirun::rank_of_the_suite",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, "1")
+                .output()
+                .expect("mpirun runs (ci/install-mpi.sh installs OpenMPI)");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let text = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "{n} processes: {text}");
+            assert_eq!(
+                stdout.matches(": the suite passed on mpi").count(),
+                n,
+                "{text}"
+            );
+            assert_eq!(
+                stdout.matches(": the suite passed on hierarchical").count(),
+                2 * n,
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "one rank of an mpirun job: run by the_suite_passes_on_2_3_and_4_processes"]
+    fn rank_of_the_suite() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        let mpi = crate::Mpi::init().unwrap();
+        let config = Config::default().with_timeout(Duration::from_secs(60));
+        let comm = mpi.world(config.clone());
+        enter(&*comm);
+        suite_on(&*comm);
+        println!("rank {}: the suite passed on mpi", comm.rank());
+        let comms = mpi
+            .hierarchical(&mpi.world_raw(), "direct", 2, config)
+            .unwrap();
+        on_ranks(comms, |c| {
+            suite_on(&*c);
+            println!("rank {}: the suite passed on hierarchical", c.rank());
+        });
+        drop(comm);
+        drop(mpi);
+    }
+
+    /// The suite's per-rank parts on `comm`, this process's rank of its group.
+    fn suite_on(comm: &dyn Communicator) {
+        let n = comm.world_size();
+        for part in PARTS {
+            for &len in &LENGTHS {
+                for dtype in SUPPORTED_DTYPES {
+                    let res =
+                        with_dtype!(dtype, T => grid_rank::<T>(comm, part, Inputs::PerRank, len));
+                    res.unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
+        }
+        // Seeded cases, the same on every process (proptest's own runner draws its cases
+        // per process and shrinks per process: its ranks would disagree).
+        let mut rng = Rng(0x5eed_u64 ^ n as u64);
+        for _ in 0..48 {
+            let len = (rng.next() % 5_000) as usize;
+            let op = ReduceOp::ALL[(rng.next() % ReduceOp::ALL.len() as u64) as usize];
+            let dtype = SUPPORTED_DTYPES[(rng.next() % SUPPORTED_DTYPES.len() as u64) as usize];
+            let kind = match rng.next() % 5 {
+                0 => Prop::ReduceScatter,
+                1 => Prop::Reduce((rng.next() % 8) as usize),
+                _ => Prop::AllReduce,
+            };
+            let seed = rng.next();
+            let res = with_dtype!(dtype, T => prop_rank::<T>(comm, len, op, kind, seed));
+            res.unwrap_or_else(|e| panic!("{e} (seed {seed})"));
+        }
+        let run = |size: usize, body: Body<'_>| match size == n {
+            true => vec![(comm.rank(), body(comm))],
+            false => Vec::new(),
+        };
+        mismatches(&run);
+        bad_arguments(&run);
+        u8_sums_wrap(&run);
+    }
+
+    /// One property case on this rank: its output against the reference, and every
+    /// rank's all-reduced bits against its own (gathered).
+    fn prop_rank<T: Reducible>(
+        comm: &dyn Communicator,
+        len: usize,
+        op: ReduceOp,
+        kind: Prop,
+        seed: u64,
+    ) -> Result<(), String> {
+        let (n, r) = (comm.world_size(), comm.rank());
+        let case = PropCase::new::<T>(n, len, op, kind, seed)?;
+        let out = case.run::<T>(comm)?;
+        let what = case.what::<T>(comm.backend(), DEFAULT_SLICE_BYTES, r);
+        case.check::<T>(r, &out, &what)?;
+        if kind == Prop::AllReduce {
+            let mine = Buffer::from_slice(out.as_bytes().unwrap(), Device::Cpu).unwrap();
+            let mut all = Buffer::zeros(DType::U8, n * mine.len(), Device::Cpu).unwrap();
+            comm.all_gather(&mine, &mut all)
+                .map_err(|e| e.to_string())?;
+            let bytes = all.as_slice::<u8>().unwrap();
+            for (p, theirs) in bytes.chunks(mine.len().max(1)).enumerate() {
+                if !mine.is_empty() && theirs != mine.as_slice::<u8>().unwrap() {
+                    return Err(format!("{what}: rank {p}'s bits differ from this rank's"));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -16,10 +16,12 @@
 //!    chunk is reduced once, in a fixed order, so every rank ends with the same bits, which
 //!    `MPI_Allreduce` does not promise. The others are MPI's non-blocking collectives
 //!    (`MPI_Ireduce_scatter_block`, `MPI_Iallgather`, `MPI_Ibcast`, `MPI_Ireduce`,
-//!    `MPI_Ibarrier`). Each request is tested until it completes or the deadline passes. f32, f64, i32, i64 and u8 sums, maxima, minima and
+//!    `MPI_Ibarrier`). Each request is tested until it completes or the deadline passes. f32, f64, i32 and i64 sums, maxima, minima and
 //!    products are MPI's own operators; f16 and bf16 travel as 16-bit words reduced by a
 //!    user-defined operation through the crate's one reduction kernel (`reduce.rs`:
-//!    arithmetic in f32, one rounding per combination), which MPI has no type for. `Mean`
+//!    arithmetic in f32, one rounding per combination), which MPI has no type for, and u8
+//!    goes through the same kernel too (OpenMPI 4.1's AVX operators saturate u8 sums
+//!    where every other backend wraps). `Mean`
 //!    is a sum divided by the world size on every rank afterwards (truncating for
 //!    integers), as the other backends define it.
 //!
@@ -509,23 +511,30 @@ impl MpiComm {
         }
     }
 
-    /// Phase 2 for a 16-bit float `H`: words reduced by the crate's kernel.
-    fn data_16<H: Reducible>(&self, d: &Desc, deadline: Instant) {
+    /// Phase 2 for a type `T` that MPI's own operators cannot reduce as mirra does,
+    /// travelling as words `W` of its size and reduced by the crate's kernel through a
+    /// user-defined operation: f16 and bf16 (MPI has no 16-bit float type), and u8, whose
+    /// sums OpenMPI 4.1's AVX operators saturate at 255 from 32 elements on (measured
+    /// here with Debian's 4.1.4; open-mpi/ompi#8045, closed as won't fix), where every
+    /// other backend wraps.
+    fn data_kernel<T: Reducible, W: Equivalence + Copy>(&self, d: &Desc, deadline: Instant) {
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<W>());
         let op = d.op;
         let world = self.size;
         let user = UserOperation::commutative(move |x, acc| {
-            let x: &[u16] = x.downcast().expect("16-bit words");
-            let acc: &mut [u16] = acc.downcast().expect("16-bit words");
-            // SAFETY: H is f16 or bf16, 16-bit plain-old-data types with u16's layout.
+            let x: &[W] = x.downcast().expect("words of the element's size");
+            let acc: &mut [W] = acc.downcast().expect("words of the element's size");
+            // SAFETY: T and W are plain-old-data types of one size (asserted above):
+            // f16 or bf16 with u16, u8 with itself.
             let (x, acc) = unsafe {
                 (
-                    std::slice::from_raw_parts(x.as_ptr().cast::<H>(), x.len()),
-                    std::slice::from_raw_parts_mut(acc.as_mut_ptr().cast::<H>(), acc.len()),
+                    std::slice::from_raw_parts(x.as_ptr().cast::<T>(), x.len()),
+                    std::slice::from_raw_parts_mut(acc.as_mut_ptr().cast::<T>(), acc.len()),
                 )
             };
             combine_op(op, acc, true, &[x], false, world);
         });
-        self.data::<u16, _>(d, &user, deadline);
+        self.data::<W, _>(d, &user, deadline);
     }
 
     /// `Mean`'s division, on the collective's output where it has a result.
@@ -612,13 +621,13 @@ impl Described for MpiComm {
         }
         match desc.dtype_in {
             _ if op == Collective::AllReduce => self.ring_all_reduce(&desc, deadline),
-            DType::F16 => self.data_16::<f16>(&desc, deadline),
-            DType::BF16 => self.data_16::<bf16>(&desc, deadline),
+            DType::F16 => self.data_kernel::<f16, u16>(&desc, deadline),
+            DType::BF16 => self.data_kernel::<bf16, u16>(&desc, deadline),
+            DType::U8 => self.data_kernel::<u8, u8>(&desc, deadline),
             DType::F32 => self.data::<f32, _>(&desc, system_op(desc.op), deadline),
             DType::F64 => self.data::<f64, _>(&desc, system_op(desc.op), deadline),
             DType::I32 => self.data::<i32, _>(&desc, system_op(desc.op), deadline),
             DType::I64 => self.data::<i64, _>(&desc, system_op(desc.op), deadline),
-            DType::U8 => self.data::<u8, _>(&desc, system_op(desc.op), deadline),
         }
         self.finalize_mean(&desc);
         Ok(Work::completed(op))
