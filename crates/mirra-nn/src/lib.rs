@@ -28,7 +28,8 @@ pub use graph::{Graph, Symbol};
 pub use layer::{Examples, ForwardCtx, Layer, LayerClone, ParamSpec, Role};
 pub use layers::{Dense, Dropout, Flatten, Reshape};
 pub use loss::{
-    CategoricalCrossentropy, Loss, MeanSquaredError, Reduction, SparseCategoricalCrossentropy,
+    CategoricalCrossentropy, DiceCrossentropy, Loss, MeanSquaredError, Reduction,
+    SparseCategoricalCrossentropy,
 };
 pub use merge::{Add, Concatenate};
 pub use metrics::{Accuracy, Mean, Metric, Overlap, OverlapScore};

@@ -168,3 +168,92 @@ impl Loss for MeanSquaredError {
         Ok(d.mean(&[-1], false)?)
     }
 }
+
+/// Cross-entropy plus soft Dice for segmentation (nnU-Net's loss): per example, the pixel
+/// cross-entropy ([`SparseCategoricalCrossentropy`], averaged over the pixels) plus
+/// `1 - ` the mean over the scored classes of the soft Dice
+/// `(2 Σ p y + s) / (Σ p + Σ y + s)`, with `p` the predicted probabilities of a class,
+/// `y` its one-hot truth, sums over the example's pixels, and `s` smoothing (1) so that a
+/// class absent from the example and predicted nowhere scores 1.
+///
+/// Cross-entropy alone weighs every pixel alike, so a background of nine pixels in ten
+/// dominates it; the Dice term weighs each class by its own extent. (On `mirra train
+/// --model unet` it did not help: a validation Dice of 0.8107 after the 20-epoch recipe,
+/// against 0.8183 with cross-entropy alone, 2026-12-06; the U-Net's limit there is
+/// telling digits apart, not finding them. The CLI keeps cross-entropy.)
+#[derive(Clone, Debug)]
+pub struct DiceCrossentropy {
+    /// The classes of the output's last axis.
+    pub classes: usize,
+    /// Classes left out of the Dice mean (the background).
+    pub ignore: Vec<usize>,
+    /// The smoothing `s`.
+    pub smooth: f64,
+}
+
+impl DiceCrossentropy {
+    /// Over `classes`, the Dice term leaving out `ignore`, smoothing 1.
+    pub fn new(classes: usize, ignore: &[usize]) -> DiceCrossentropy {
+        DiceCrossentropy {
+            classes,
+            ignore: ignore.to_vec(),
+            smooth: 1.0,
+        }
+    }
+}
+
+impl Loss for DiceCrossentropy {
+    fn name(&self) -> &'static str {
+        "dice_crossentropy"
+    }
+
+    fn per_example<'t>(&self, out: &ModelOutput<'t>, y_true: &Tensor) -> Result<Var<'t>> {
+        let ce = SparseCategoricalCrossentropy::default().per_example(out, y_true)?;
+        let p = &out.output;
+        let dims = p.shape().to_vec();
+        let c = self.classes;
+        if dims.last() != Some(&c) || self.ignore.iter().any(|&i| i >= c) {
+            return Err(NnError::InputMismatch {
+                what: "dice_crossentropy",
+                expected: format!("outputs of {c} classes (ignoring classes below {c})"),
+                got: format!("outputs of shape {:?}, ignoring {:?}", dims, self.ignore),
+            });
+        }
+        let batch = dims[0];
+        let pixels = dims[1..dims.len() - 1].iter().product::<usize>();
+        // The one-hot truth, built on the host (labels are integers checked by `ce`).
+        let labels = y_true
+            .to_dtype(mirra_tensor::DType::I64)?
+            .to_device(mirra_tensor::Device::Cpu)?
+            .to_vec::<i64>()?;
+        let mut onehot = vec![0f32; labels.len() * c];
+        for (i, &l) in labels.iter().enumerate() {
+            if let Some(slot) = usize::try_from(l).ok().filter(|&l| l < c) {
+                onehot[i * c + slot] = 1.0;
+            }
+        }
+        let y = Tensor::from_vec(onehot, &[batch, pixels, c], mirra_tensor::Device::Cpu)?
+            .to_device(p.value().device())?
+            .to_dtype(p.value().dtype())?;
+        let p = p.reshape(&[batch, pixels, c])?;
+        let y = p.tape().constant(y);
+        let s = self.smooth;
+        let intersection = p.mul(&y)?.sum(&[1], false)?.affine(2.0, s)?;
+        let sizes = p
+            .sum(&[1], false)?
+            .add(&y.sum(&[1], false)?)?
+            .affine(1.0, s)?;
+        let dice = intersection.div(&sizes)?;
+        // The scored classes' mean: a mask of the kept ones, divided by their count.
+        let kept: Vec<f32> = (0..c)
+            .map(|k| if self.ignore.contains(&k) { 0.0 } else { 1.0 })
+            .collect();
+        let count = kept.iter().sum::<f32>().max(1.0) as f64;
+        let mask = Tensor::from_vec(kept, &[1, c], mirra_tensor::Device::Cpu)?
+            .to_device(p.value().device())?
+            .to_dtype(p.value().dtype())?;
+        let mask = p.tape().constant(mask.broadcast_to(&[batch, c])?);
+        let mean_dice = dice.mul(&mask)?.sum(&[1], false)?.scale(1.0 / count)?;
+        Ok(ce.add(&mean_dice.affine(-1.0, 1.0)?)?)
+    }
+}

@@ -189,3 +189,40 @@ fn accuracy_counts_argmax_hits() {
     acc.reset();
     assert_eq!(acc.result(), 0.0);
 }
+
+/// Dice plus cross-entropy by hand: one example of two pixels and three classes (class 0
+/// the ignored background), probabilities given directly.
+#[test]
+fn dice_crossentropy_by_hand() {
+    let tape = Tape::new();
+    let probs = [0.7f64, 0.2, 0.1, 0.1, 0.3, 0.6];
+    let p = tape.param(
+        Tensor::from_slice(&probs, &[1, 2, 3], Device::Cpu).unwrap(),
+        0,
+    );
+    // Pixel 0 is class 0, pixel 1 class 2.
+    let y = Tensor::from_slice(&[0i64, 2], &[1, 2], Device::Cpu).unwrap();
+    let out = mirra_nn::ModelOutput {
+        output: p,
+        logits: None,
+    };
+    let loss = mirra_nn::DiceCrossentropy::new(3, &[0]);
+    let l = loss.compute(&out, &y, Reduction::Sum).unwrap();
+    let ce = -(0.7f64.ln() + 0.6f64.ln()) / 2.0;
+    // Class 1: absent, predicted 0.2 + 0.3: (0 + 1) / (0.5 + 0 + 1). Class 2: present at
+    // pixel 1: (2 x 0.6 + 1) / (0.7 + 1 + 1).
+    let dice = (1.0 / 1.5 + 2.2 / 2.7) / 2.0;
+    let want = ce + 1.0 - dice;
+    let got = l.value().to_scalar::<f64>().unwrap();
+    assert!((got - want).abs() < 1e-12, "{got} against {want}");
+    // The background counted in the mean changes it (the ignore list is used).
+    let all = mirra_nn::DiceCrossentropy::new(3, &[])
+        .compute(&out, &y, Reduction::Sum)
+        .unwrap();
+    assert!((all.value().to_scalar::<f64>().unwrap() - want).abs() > 1e-3);
+    // Gradients flow to the probabilities.
+    let grads = tape.backward(&l).unwrap();
+    assert!(grads
+        .get(0)
+        .is_some_and(|g| g.to_vec::<f64>().unwrap().iter().any(|&x| x != 0.0)));
+}
