@@ -395,3 +395,154 @@ fn mirra_launch_restarts_a_job_whose_worker_was_killed() {
         "the restarted job's final weights and optimizer state"
     );
 }
+
+/// Issue 18's proof per step under real MPI: the library's multi-worker strategy
+/// (`MirroredStrategy::multi_worker`) in `mpirun` processes follows one process of 4
+/// replicas and one device, loss per step within 1e-5 relative, a partial last batch
+/// included: 2 workers of 2 replicas, and 3 workers of 1 (uneven shards: 16 = 6 + 6 + 4,
+/// 7 = 3 + 3 + 1). Every worker prints its losses' bits; all must agree.
+#[test]
+fn multi_worker_steps_follow_one_process_and_one_device() {
+    if std::env::var_os(STEPS_CHILD).is_some() {
+        return;
+    }
+    let want = steps::losses(None);
+    let flat = steps::losses(Some(std::sync::Arc::new(
+        mirra::strategy::MirroredStrategy::new(steps::config(4)).unwrap(),
+    )));
+    for (workers, replicas) in [(2, 2), (3, 1)] {
+        let exe = std::env::current_exe().unwrap();
+        let mut c = Command::new("mpirun");
+        if Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+        {
+            c.arg("--allow-run-as-root");
+        }
+        let out = c
+            .args(["--oversubscribe", "-np", &workers.to_string()])
+            .arg(exe)
+            .args([
+                "--exact",
+                "rank_steps",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(STEPS_CHILD, replicas.to_string())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{workers} x {replicas}: {}",
+            text(&out)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout
+            .lines()
+            // The test harness may print its line first, on the same line.
+            .filter_map(|l| l.find("losses ").map(|at| &l[at..]))
+            .collect();
+        assert_eq!(lines.len(), workers, "{}", text(&out));
+        assert!(
+            lines.iter().all(|l| *l == lines[0]),
+            "workers disagree: {lines:?}"
+        );
+        let got: Vec<f64> = lines[0]
+            .trim_start_matches("losses ")
+            .split(' ')
+            .map(|b| f64::from_bits(u64::from_str_radix(b, 16).unwrap()))
+            .collect();
+        assert_eq!(got.len(), want.len());
+        for (s, ((g, f), d)) in got.iter().zip(&flat).zip(&want).enumerate() {
+            assert!(
+                (g - f).abs() <= 1e-5 * f.abs() && (g - d).abs() <= 1e-5 * d.abs(),
+                "{workers} x {replicas}, step {s}: {g} against 1 x 4's {f} and one device's {d}"
+            );
+        }
+    }
+}
+
+/// Set (to the replicas per worker) in the environment of `rank_steps`'s processes.
+const STEPS_CHILD: &str = "MIRRA_MPI_STEPS_CHILD";
+
+#[test]
+#[ignore = "one worker of an mpirun job: run by multi_worker_steps_follow_one_process_and_one_device"]
+fn rank_steps() {
+    let Some(replicas) = std::env::var(STEPS_CHILD).ok() else {
+        return;
+    };
+    let mpi = mirra::collectives::Mpi::init().unwrap();
+    let config = steps::config(replicas.parse().unwrap());
+    let strategy = mirra::strategy::MirroredStrategy::multi_worker(&mpi, config).unwrap();
+    let losses = steps::losses(Some(std::sync::Arc::new(strategy)));
+    let bits: Vec<String> = losses
+        .iter()
+        .map(|l| format!("{:x}", l.to_bits()))
+        .collect();
+    println!("losses {}", bits.join(" "));
+    drop(mpi);
+}
+
+/// The model, data and steps of the per-step proof.
+mod steps {
+    use std::sync::Arc;
+
+    use mirra::nn::loss::SparseCategoricalCrossentropy;
+    use mirra::nn::{Accuracy, Activation, Dense, Flatten, Network};
+    use mirra::optim::Adam;
+    use mirra::strategy::{MirroredStrategy, StrategyConfig};
+    use mirra::tensor::{Device, Tensor};
+    use mirra::train::Model;
+
+    /// `replicas` host replicas, one kernel thread each, small buckets.
+    pub fn config(replicas: usize) -> StrategyConfig {
+        StrategyConfig::cpu(replicas)
+            .with_collective("direct")
+            .with_bucket_bytes(256)
+            .with_threads_per_replica(1)
+    }
+
+    fn net() -> Network {
+        let mut n = Network::new(vec![
+            Box::new(Flatten),
+            Box::new(Dense::new(16, Activation::Relu)),
+            Box::new(Dense::new(3, Activation::Softmax)),
+        ]);
+        n.build(&[6], 11).unwrap();
+        n
+    }
+
+    /// The losses of 5 steps at global batch 16, the last one partial (7 examples).
+    pub fn losses(strategy: Option<Arc<MirroredStrategy>>) -> Vec<f64> {
+        let opt = Box::new(Adam::new(0.01));
+        let loss = Box::new(SparseCategoricalCrossentropy::default());
+        let metrics: Vec<Box<dyn mirra::nn::Metric>> = vec![Box::new(Accuracy::new())];
+        let mut model = match strategy {
+            None => Model::compile(net(), opt, loss, metrics, 1),
+            Some(s) => {
+                let built = s.scope(net);
+                Model::compile_in(s, built, opt, loss, metrics, 1).unwrap()
+            }
+        };
+        let n = 4 * 16 + 7;
+        let x: Vec<f32> = (0..n * 6)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+            .collect();
+        let y: Vec<i64> = x
+            .chunks(6)
+            .map(|r| (r[0] + r[1] > 0.0) as i64 + (r[2] > 0.5) as i64)
+            .collect();
+        let x = Tensor::from_vec(x, &[n, 6], Device::Cpu).unwrap();
+        let y = Tensor::from_vec(y, &[n], Device::Cpu).unwrap();
+        (0..5)
+            .map(|s| {
+                let len = if s == 4 { 7 } else { 16 };
+                let xb = x.narrow(0, s * 16, len).unwrap();
+                let yb = y.narrow(0, s * 16, len).unwrap();
+                model.train_step(xb, &yb).unwrap().loss
+            })
+            .collect()
+    }
+}
