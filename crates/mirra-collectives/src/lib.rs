@@ -39,7 +39,8 @@
 // 2. error; 3. pending; 4. comm; 5. noop, progress, transport; 6. described, verdict;
 // 7. algo (its own layers: see algo/mod.rs); 8. cpu, device (its own layers: see
 // device/mod.rs); 9. hierarchical (built of groups of the layers before it), mpi (feature
-// `mpi`); 10. in tests, reference, then conformance.
+// `mpi`); 10. nccl_mpi (feature `mpi`: the mpi rank for metadata, NCCL for data); 11. in
+// tests, reference, then conformance.
 mod algo;
 mod collective;
 mod comm;
@@ -55,6 +56,8 @@ mod hierarchical;
 mod mpi;
 #[cfg(test)]
 mod mutants;
+#[cfg(feature = "mpi")]
+mod nccl_mpi;
 mod noop;
 mod pending;
 mod progress;
@@ -80,6 +83,8 @@ pub use error::{CollectiveError, Result};
 pub use hierarchical::{hierarchical_group, HIERARCHICAL};
 #[cfg(feature = "mpi")]
 pub use mpi::{Mpi, MPI};
+#[cfg(feature = "mpi")]
+pub use nccl_mpi::NCCL_MPI;
 pub use noop::{noop_group, NOOP};
 pub use pending::Pending;
 pub use reduce::{ReduceOp, SUPPORTED_DTYPES};

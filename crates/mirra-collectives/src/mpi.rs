@@ -156,8 +156,18 @@ impl Mpi {
         config: Config,
         stride: usize,
     ) -> Box<dyn crate::Communicator> {
+        Box::new(self.rank_of(comm, config, stride))
+    }
+
+    /// This process's rank of `comm` (duplicated), as the `mpi` backend's type.
+    pub(crate) fn rank_of(
+        &self,
+        comm: &SimpleCommunicator,
+        config: Config,
+        stride: usize,
+    ) -> MpiComm {
         let comm = comm.duplicate();
-        Box::new(MpiComm {
+        MpiComm {
             rank: comm.rank() as usize,
             size: comm.size() as usize,
             comm,
@@ -165,7 +175,7 @@ impl Mpi {
             stride,
             abort: Arc::new(AbortFlag::default()),
             scratch: RefCell::new(Vec::new()),
-        })
+        }
     }
 }
 
@@ -261,16 +271,16 @@ impl Mpi {
 }
 
 /// One rank's communicator.
-struct MpiComm {
+pub(crate) struct MpiComm {
     comm: SimpleCommunicator,
-    rank: usize,
-    size: usize,
-    timeout: Duration,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    pub(crate) timeout: Duration,
     /// The messages that end the job name rank `r` as `r x stride`.
     stride: usize,
     /// Set by this rank's [`AbortHandle`]s: every later call fails with `Aborted` (the only
     /// failure a rank survives; an expired deadline ends the job).
-    abort: Arc<AbortFlag>,
+    pub(crate) abort: Arc<AbortFlag>,
     /// The ring all-reduce's receive buffer, kept between calls (8-byte words, aligned
     /// for any element type).
     scratch: RefCell<Vec<u64>>,
@@ -321,7 +331,23 @@ impl MpiComm {
         self.comm.abort(1)
     }
 
-    /// Phase 1: every rank's description of this collective.
+    /// Phase 1: every rank's description of this collective (`desc` is this rank's), in
+    /// rank order.
+    pub(crate) fn descriptions(&self, desc: Desc, deadline: Instant) -> Vec<Desc> {
+        let all = self.exchange(desc.words(), desc.kind, deadline);
+        all.iter()
+            .enumerate()
+            .map(|(p, m)| {
+                if p == self.rank {
+                    desc
+                } else {
+                    Desc::from_words(m)
+                }
+            })
+            .collect()
+    }
+
+    /// The words of every rank's description.
     fn exchange(&self, mine: Meta, op: Collective, deadline: Instant) -> Vec<Meta> {
         let mut all = vec![[0u64; Desc::WORDS]; self.size];
         all[self.rank] = mine;
@@ -603,18 +629,7 @@ impl Described for MpiComm {
             return Err(CollectiveError::Aborted { op });
         }
         let deadline = Instant::now() + self.timeout;
-        let all = self.exchange(desc.words(), op, deadline);
-        let descs: Vec<Desc> = all
-            .iter()
-            .enumerate()
-            .map(|(p, m)| {
-                if p == self.rank {
-                    desc
-                } else {
-                    Desc::from_words(m)
-                }
-            })
-            .collect();
+        let descs = self.descriptions(desc, deadline);
         verdict(self.size, &|p| descs[p], op, MPI, &|_| Accepts(Place::Cpu))?;
         if op != Collective::Barrier && desc.len_in == 0 && desc.len_out == 0 {
             return Ok(Work::completed(op));

@@ -498,3 +498,43 @@ fn rank_silent() {
         comm.rank()
     );
 }
+
+/// `nccl-mpi` on a machine without a GPU (this one): every rank gets one error naming
+/// every rank that cannot use its GPU, and why this one cannot; the job ends, no rank waits
+/// in NCCL. (With GPUs it has never run.)
+#[test]
+fn nccl_over_mpi_without_a_gpu_is_an_error_on_every_rank() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let out = mpirun(2, "rank_nccl");
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("NCCL over MPI"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", text(&out));
+    for l in lines {
+        assert!(
+            l.contains(
+                "needs a GPU and NCCL on every process; rank(s) [0, 1] of 2 cannot use cuda:0"
+            ),
+            "{l}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "one rank of an mpirun job: run by nccl_over_mpi_without_a_gpu_is_an_error_on_every_rank"]
+fn rank_nccl() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let mpi = Mpi::init().unwrap();
+    let e = mpi
+        .nccl(&mpi.world_raw(), 0, Config::default())
+        .expect_err("no GPU here");
+    println!("rank {}: {e}", mpirun_rank(&mpi));
+    drop(mpi);
+}

@@ -450,17 +450,34 @@ impl MirroredStrategy {
     /// are reduced hierarchically (`mirra_collectives::Mpi::hierarchical`): within the
     /// worker by `config.collective` (a CPU backend), across workers by MPI over one
     /// buffer per worker, then shared locally. Every worker must ask for the same number
-    /// of replicas. Host replicas only.
+    /// of replicas. Host replicas, or GPU workers:
+    /// one replica per process on a CUDA device (`StrategyConfig::devices`
+    /// with one device), reduced by NCCL across every process (`Mpi::nccl`: the unique id
+    /// broadcast over MPI), never run (no machine with GPUs and MPI has been lent).
     pub fn multi_worker(
         mpi: &mirra_collectives::Mpi,
         config: StrategyConfig,
     ) -> Result<MirroredStrategy> {
         if config.on_cuda() {
-            return Err(StrategyError::Invalid(
-                "a multi-worker strategy's replicas are host replicas (GPU workers are not \
-                 supported yet)"
-                    .into(),
-            ));
+            let ordinal = match (config.replicas, config.device(0).cuda_ordinal()) {
+                (1, Some(o)) => o,
+                _ => {
+                    return Err(StrategyError::Invalid(format!(
+                        "a multi-worker strategy's GPU workers hold one replica each (one \
+                         device per process), not {}",
+                        config.replicas
+                    )))
+                }
+            };
+            let world = mpi.world_raw();
+            let make = || -> Result<Vec<Box<dyn Communicator>>> {
+                let comm = mpi
+                    .nccl(&world, ordinal, config.collectives.clone())
+                    .map_err(StrategyError::Invalid)?;
+                Ok(vec![comm])
+            };
+            let (gradients, sums) = (make()?, make()?);
+            return MirroredStrategy::with_communicators(config, gradients, sums);
         }
         let local = config.collective.as_str();
         if !BACKENDS.contains(&local) {

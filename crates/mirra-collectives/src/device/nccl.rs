@@ -69,7 +69,7 @@ fn nccl_error(op: &str, e: nccl::NcclError) -> String {
 }
 
 /// One NCCL communicator (a raw handle) of one rank.
-struct Comm(sys::ncclComm_t);
+pub(crate) struct Comm(sys::ncclComm_t);
 
 // SAFETY: an NCCL communicator may be used from any thread, one thread at a time: the
 // collectives are issued under the group's lock; `ncclCommGetAsyncError` and
@@ -79,8 +79,9 @@ unsafe impl Send for Comm {}
 // SAFETY: as above: a shared reference only reads the handle.
 unsafe impl Sync for Comm {}
 
-/// The communicators of a group and whether they were aborted.
-struct Comms {
+/// The communicators of a group (this process's ranks of it) and whether they were
+/// aborted.
+pub(crate) struct Comms {
     comms: Vec<Comm>,
     aborted: Mutex<bool>,
 }
@@ -198,10 +199,11 @@ fn red_op(op: ReduceOp) -> sys::ncclRedOp_t {
 }
 
 /// A rank's completion: its event, NCCL's asynchronous errors, the abort on expiry.
-struct Done {
-    event: Event,
-    rank: usize,
-    comms: Arc<Comms>,
+pub(crate) struct Done {
+    pub(crate) event: Event,
+    /// The rank's index in `comms`.
+    pub(crate) rank: usize,
+    pub(crate) comms: Arc<Comms>,
 }
 
 impl Completion for Done {
@@ -278,37 +280,106 @@ impl Engine for Nccl {
 impl Nccl {
     /// Issue rank `r`'s NCCL call for `d` (inside the launch's NCCL group).
     fn issue(&self, r: usize, d: &Desc) -> std::result::Result<(), String> {
-        self.runtimes[r]
-            .context()
-            .bind_to_thread()
-            .map_err(|e| format!("cuCtxSetCurrent: {e}"))?;
-        let comm = self.comms.comms[r].0;
-        let stream = self.streams[r].cu_stream() as sys::cudaStream_t;
-        let (src, dst) = (
-            d.src.cast::<std::ffi::c_void>(),
-            d.dst.cast::<std::ffi::c_void>(),
-        );
-        let t = data_type(d.dtype_in);
-        let root = d.root as i32;
-        // SAFETY: the verdict checked every rank's lengths, dtypes and roots; the buffers
-        // are on the rank's device and stay borrowed until the rank's completion.
-        let res = unsafe {
-            match d.kind {
-                Collective::AllReduce => {
-                    nccl::all_reduce(src, dst, d.len_in, t, red_op(d.op), comm, stream)
-                }
-                Collective::ReduceScatter => {
-                    nccl::reduce_scatter(src, dst, d.len_out, t, red_op(d.op), comm, stream)
-                }
-                Collective::AllGather => nccl::all_gather(src, dst, d.len_in, t, comm, stream),
-                Collective::Broadcast => nccl::broadcast(src, dst, d.len_in, t, root, comm, stream),
-                Collective::Reduce => {
-                    nccl::reduce(src, dst, d.len_in, t, red_op(d.op), root, comm, stream)
-                }
-                Collective::Barrier => return Ok(()),
+        issue(&self.runtimes[r], &self.streams[r], &self.comms.comms[r], d)
+    }
+}
+
+#[cfg(feature = "mpi")]
+/// One process's rank of an NCCL communicator over several processes
+/// (`ncclCommInitRank`): its device's runtime, its stream and the communicator.
+pub(crate) struct RankComm {
+    pub(crate) runtime: Arc<Runtime>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) comms: Arc<Comms>,
+}
+
+#[cfg(feature = "mpi")]
+/// A new NCCL unique id (made by one rank, shared with the others before
+/// [`init_rank`]): NCCL's 128 bytes.
+pub(crate) fn unique_id() -> std::result::Result<[u8; 128], String> {
+    library::ensure(Library::Nccl).map_err(|e| e.to_string())?;
+    let id = nccl::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+    Ok(id.internal.map(|c| c as u8))
+}
+
+#[cfg(feature = "mpi")]
+/// Rank `rank` of `world` of the NCCL communicator of `id`, on `cuda:ordinal`, with a
+/// stream of its own. Every rank of the communicator must call it (NCCL waits for all).
+pub(crate) fn init_rank(
+    ordinal: usize,
+    world: usize,
+    rank: usize,
+    id: &[u8; 128],
+) -> std::result::Result<RankComm, String> {
+    library::ensure(Library::Driver).map_err(|e| e.to_string())?;
+    library::ensure(Library::Nccl).map_err(|e| e.to_string())?;
+    let runtime = runtime(ordinal).map_err(|e| e.to_string())?;
+    let stream = runtime.new_stream().map_err(|e| e.to_string())?;
+    runtime
+        .context()
+        .bind_to_thread()
+        .map_err(|e| format!("cuCtxSetCurrent: {e}"))?;
+    let id = sys::ncclUniqueId {
+        internal: id.map(|b| b as std::ffi::c_char),
+    };
+    let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+    // SAFETY: `raw` receives the handle; the id came from ncclGetUniqueId on one rank.
+    unsafe { nccl::comm_init_rank(&mut raw, world as i32, id, rank as i32) }
+        .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+    Ok(RankComm {
+        runtime,
+        stream,
+        comms: Arc::new(Comms {
+            comms: vec![Comm(raw)],
+            aborted: Mutex::new(false),
+        }),
+    })
+}
+
+/// Issue the NCCL call of `d` for the rank of `comm` on `stream` of `rt`'s device.
+pub(crate) fn issue(
+    rt: &Runtime,
+    stream: &CudaStream,
+    comm: &Comm,
+    d: &Desc,
+) -> std::result::Result<(), String> {
+    rt.context()
+        .bind_to_thread()
+        .map_err(|e| format!("cuCtxSetCurrent: {e}"))?;
+    let comm = comm.0;
+    let stream = stream.cu_stream() as sys::cudaStream_t;
+    let (src, dst) = (
+        d.src.cast::<std::ffi::c_void>(),
+        d.dst.cast::<std::ffi::c_void>(),
+    );
+    let t = data_type(d.dtype_in);
+    let root = d.root as i32;
+    // SAFETY: the verdict checked every rank's lengths, dtypes and roots; the buffers
+    // are on the rank's device and stay borrowed until the rank's completion.
+    let res = unsafe {
+        match d.kind {
+            Collective::AllReduce => {
+                nccl::all_reduce(src, dst, d.len_in, t, red_op(d.op), comm, stream)
             }
-        };
-        res.map(|_| ()).map_err(|e| nccl_error(d.kind.as_str(), e))
+            Collective::ReduceScatter => {
+                nccl::reduce_scatter(src, dst, d.len_out, t, red_op(d.op), comm, stream)
+            }
+            Collective::AllGather => nccl::all_gather(src, dst, d.len_in, t, comm, stream),
+            Collective::Broadcast => nccl::broadcast(src, dst, d.len_in, t, root, comm, stream),
+            Collective::Reduce => {
+                nccl::reduce(src, dst, d.len_in, t, red_op(d.op), root, comm, stream)
+            }
+            Collective::Barrier => return Ok(()),
+        }
+    };
+    res.map(|_| ()).map_err(|e| nccl_error(d.kind.as_str(), e))
+}
+
+#[cfg(feature = "mpi")]
+impl Comms {
+    /// The communicator of this process's rank `r`.
+    pub(crate) fn comm(&self, r: usize) -> &Comm {
+        &self.comms[r]
     }
 }
 
