@@ -28,11 +28,11 @@ use crate::collective::Collective;
 use crate::comm::{AbortHandle, Abortable, Communicator, Work};
 use crate::config::Config;
 use crate::described::Described;
-use crate::device::group::ready_on;
+use crate::device::group::{ready_on, Submitted};
 use crate::device::nccl::{self, Done, RankComm};
 use crate::error::{CollectiveError, Result};
 use crate::mpi::{Mpi, MpiComm};
-use crate::pending::{self, Pending};
+use crate::pending::Pending;
 use crate::reduce::ReduceOp;
 use crate::transport::{Desc, Place};
 use crate::verdict::{verdict, Accepts};
@@ -174,26 +174,6 @@ fn usable(ordinal: usize) -> std::result::Result<(), String> {
         return Err(format!("cuda:{ordinal} does not exist ({count} device(s))"));
     }
     Ok(())
-}
-
-/// A submitted all-reduce: its work, then its buffer.
-struct Submitted {
-    // Dropped first: waits for the collective before the buffer goes.
-    work: Option<Work<'static>>,
-    buf: Option<Buffer>,
-}
-
-impl pending::Completion for Submitted {
-    fn is_complete(&self) -> bool {
-        self.work.as_ref().is_none_or(Work::is_complete)
-    }
-
-    fn wait(mut self: Box<Self>) -> Result<Buffer> {
-        if let Some(w) = self.work.take() {
-            w.wait()?;
-        }
-        Ok(self.buf.take().expect("waited once"))
-    }
 }
 
 impl Described for NcclMpi {

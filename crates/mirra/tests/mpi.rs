@@ -192,6 +192,21 @@ fn rank_1_of(root: &Child) -> u32 {
     panic!("the job started no rank 1");
 }
 
+/// SIGKILL to rank 1 of `job` once `dir` holds the first epoch's checkpoint (an error if
+/// the job ended first).
+fn kill_rank_1_after_the_first_checkpoint(job: &mut Child, dir: &Path) {
+    let rank_1 = rank_1_of(job);
+    let first = dir.join("last.safetensors");
+    while !first.exists() {
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before epoch 1's checkpoint"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    signal(rank_1, "-KILL");
+}
+
 fn signal(pid: u32, sig: &str) {
     Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -240,16 +255,7 @@ fn a_killed_worker_ends_the_job_and_resume_gives_the_uninterrupted_bits() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let rank_1 = rank_1_of(&job);
-    let first = dir.path().join("killed/last.safetensors");
-    while !first.exists() {
-        assert!(
-            job.try_wait().unwrap().is_none(),
-            "the job ended before epoch 1's checkpoint"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    signal(rank_1, "-KILL");
+    kill_rank_1_after_the_first_checkpoint(&mut job, &dir.path().join("killed"));
     let killed = Instant::now();
     let out = job.wait_with_output().unwrap();
     let ended = killed.elapsed();
@@ -366,16 +372,7 @@ fn mirra_launch_restarts_a_job_whose_worker_was_killed() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let rank_1 = rank_1_of(&job);
-    let first = dir.path().join("killed/last.safetensors");
-    while !first.exists() {
-        assert!(
-            job.try_wait().unwrap().is_none(),
-            "the job ended before epoch 1's checkpoint"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    signal(rank_1, "-KILL");
+    kill_rank_1_after_the_first_checkpoint(&mut job, &dir.path().join("killed"));
     let out = job.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -356,11 +356,13 @@ impl DeviceCommunicator {
     }
 }
 
-/// A submitted all-reduce: the buffer it owns and the work that borrows it.
-struct Submitted {
+/// A submitted all-reduce on a device: the buffer it owns and the work that borrows it
+/// (none when there was nothing to move). Device backends hand it out as their
+/// [`Pending`].
+pub(crate) struct Submitted {
     // Dropped first: waits for the collective before the buffer goes.
-    work: Option<Work<'static>>,
-    buf: Option<Buffer>,
+    pub(crate) work: Option<Work<'static>>,
+    pub(crate) buf: Option<Buffer>,
 }
 
 impl pending::Completion for Submitted {
