@@ -9,7 +9,8 @@
 //! it, 10 epochs reached 97.95% (2026-12-04); ResNet-20 at least 99.2% on the full MNIST
 //! (4 epochs with cosine decay: 3 at a constant rate reached 98.80%, 2026-12-05); the
 //! U-Net a validation Dice of at least 0.90 on the canvases made from the bundled split
-//! (4,000 training, 1,000 validation canvases; 20 epochs at batch 16 with cosine decay:
+//! (4,000 training, 1,000 validation canvases; 20 epochs at batch 16 with cosine decay
+//! from a learning rate of 3e-3:
 //! the two-level U-Net without batch norm reached 0.70 in 8 epochs at a constant rate, the
 //! three-level one with batch norm 0.70 after 5 of 8 cosine epochs, 2026-12-05), the 3D U-Net at least 0.85 on volumes made
 //! from it (1,000 training, 250 validation volumes of 32x56x56, batch 8).
@@ -85,7 +86,9 @@ const CASES: [Case; 5] = [
         augment: false,
         epochs: 20,
         batch: Some(16),
-        flags: &["--lr-schedule", "cosine"],
+        // 3e-3: val_dice 0.8372 in 20 epochs, against 0.8183 at Adam's default 1e-3
+        // (2026-12-06, seed 1, fresh canvases every epoch).
+        flags: &["--lr-schedule", "cosine", "--lr", "0.003"],
         metric: "val_dice",
         min: 0.90,
     },
