@@ -24,7 +24,6 @@
 //! rank's [`Progress`] thread; a `start_*` first waits for them, so every rank runs its
 //! collectives in the order it started them.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,7 +37,7 @@ use crate::config::Config;
 use crate::described::Described;
 use crate::error::{CollectiveError, Result};
 use crate::pending::Pending;
-use crate::progress::Progress;
+use crate::progress::OnDemand;
 use crate::reduce::ReduceOp;
 use crate::transport::{Cause, Ctx, Desc, Group, Place, Stop, MAX_WORLD_SIZE};
 use crate::verdict::{verdict, Accepts};
@@ -71,18 +70,18 @@ pub fn cpu_group(
                     rank,
                     seq: AtomicU64::new(0),
                 }),
-                progress: RefCell::new(None),
+                progress: OnDemand::default(),
             }) as Box<dyn Communicator>
         })
         .collect())
 }
 
-/// One rank of a [`cpu_group`]. `Send` but not `Sync` (the `RefCell`): one thread at a
+/// One rank of a [`cpu_group`]. `Send` but not `Sync` ([`OnDemand`]): one thread at a
 /// time calls it, and its progress thread runs the submitted collectives.
 struct CpuCommunicator {
     rank: Arc<Rank>,
     /// Started on the first `submit_*`.
-    progress: RefCell<Option<Progress>>,
+    progress: OnDemand,
 }
 
 /// What runs one rank's collectives: the caller's thread or, for submitted ones, the
@@ -223,9 +222,7 @@ impl Rank {
 
 impl Described for CpuCommunicator {
     fn start(&self, desc: Desc) -> Result<Work<'_>> {
-        if let Some(p) = &*self.progress.borrow() {
-            p.drain();
-        }
+        self.progress.drain();
         let kind = desc.kind;
         self.rank.run(desc).map(|()| Work::completed(kind))
     }
@@ -248,16 +245,12 @@ impl Described for CpuCommunicator {
 
     fn submit_all_reduce(&self, mut buf: Buffer, op: ReduceOp) -> Result<Pending> {
         let kind = Collective::AllReduce;
-        let mut progress = self.progress.borrow_mut();
-        if progress.is_none() {
-            *progress = Some(Progress::spawn(self.rank.rank, kind)?);
-        }
         let rank = Arc::clone(&self.rank);
         let job = Box::new(move || {
             rank.run(Desc::in_place(kind, &mut buf, op, 0))?;
             Ok(buf)
         });
-        Ok(progress.as_ref().expect("started above").submit(kind, job))
+        self.progress.submit(self.rank.rank, kind, job)
     }
 }
 
@@ -268,7 +261,7 @@ impl Drop for CpuCommunicator {
     /// running (borrowed ones complete inside `start_*`), so none of its buffers is
     /// exposed.
     fn drop(&mut self) {
-        drop(self.progress.get_mut().take());
+        self.progress.stop();
         self.rank.group.abort_with(Cause::RankGone(self.rank.rank));
     }
 }

@@ -43,7 +43,6 @@
 //! completion inside `start_*`; [`submit_all_reduce`](Communicator::submit_all_reduce)
 //! runs on a progress thread, overlapping with the caller.
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,7 +56,7 @@ use crate::config::Config;
 use crate::cpu::cpu_group;
 use crate::error::{CollectiveError, Result};
 use crate::pending::Pending;
-use crate::progress::Progress;
+use crate::progress::OnDemand;
 use crate::reduce::{combine_op, with_dtype, ReduceOp};
 use crate::transport::{Desc, Place};
 use crate::verdict::{verdict, Accepts};
@@ -225,7 +224,7 @@ struct Rank {
 /// One rank of a hierarchical group.
 pub(crate) struct Hierarchical {
     rank: Arc<Rank>,
-    progress: RefCell<Option<Progress>>,
+    progress: OnDemand,
 }
 
 impl Hierarchical {
@@ -263,7 +262,7 @@ impl Hierarchical {
                 timeout,
                 shared,
             }),
-            progress: RefCell::new(None),
+            progress: OnDemand::default(),
         }
     }
 }
@@ -508,9 +507,7 @@ impl Stages<'_> {
 
 impl Hierarchical {
     fn start_with<'b>(&'b self, desc: Desc, bufs: Bufs<'b>) -> Result<Work<'b>> {
-        if let Some(p) = &*self.progress.borrow() {
-            p.drain();
-        }
+        self.progress.drain();
         let kind = desc.kind;
         self.rank.run(desc, bufs).map(|()| Work::completed(kind))
     }
@@ -574,17 +571,14 @@ impl Communicator for Hierarchical {
 
     fn submit_all_reduce(&self, mut buf: Buffer, op: ReduceOp) -> Result<Pending> {
         let kind = Collective::AllReduce;
-        let mut progress = self.progress.borrow_mut();
-        if progress.is_none() {
-            *progress = Some(Progress::spawn(Communicator::rank(self), kind)?);
-        }
         let rank = Arc::clone(&self.rank);
+        let global = rank.global();
         let job = Box::new(move || {
             let desc = Desc::in_place(kind, &mut buf, op, 0);
             rank.run(desc, Bufs::InPlace(&mut buf))?;
             Ok(buf)
         });
-        Ok(progress.as_ref().expect("started above").submit(kind, job))
+        self.progress.submit(global, kind, job)
     }
 }
 
@@ -592,6 +586,6 @@ impl Drop for Hierarchical {
     fn drop(&mut self) {
         // Queued collectives run first (the other ranks expect them); then the sub-groups'
         // communicators drop with `rank`, and their peers see this rank gone.
-        drop(self.progress.get_mut().take());
+        self.progress.stop();
     }
 }

@@ -144,22 +144,12 @@ impl Mpi {
         comm: &SimpleCommunicator,
         config: Config,
     ) -> Box<dyn crate::Communicator> {
-        self.communicator_numbered(comm, config, 1)
+        Box::new(self.rank_of(comm, config, 1))
     }
 
-    /// [`communicator`](Mpi::communicator) whose messages name rank `r` as `r x stride`
-    /// (the cross group of a hierarchical one names the workers' leaders by their global
-    /// ranks).
-    fn communicator_numbered(
-        &self,
-        comm: &SimpleCommunicator,
-        config: Config,
-        stride: usize,
-    ) -> Box<dyn crate::Communicator> {
-        Box::new(self.rank_of(comm, config, stride))
-    }
-
-    /// This process's rank of `comm` (duplicated), as the `mpi` backend's type.
+    /// This process's rank of `comm` (duplicated), as the `mpi` backend's type; the
+    /// messages that end the job name rank `r` as `r x stride` (the cross group of a
+    /// hierarchical one names the workers' leaders by their global ranks).
     pub(crate) fn rank_of(
         &self,
         comm: &SimpleCommunicator,
@@ -214,7 +204,8 @@ impl Mpi {
         let locals = crate::cpu_group(local, per_worker, config.clone())?;
         let fanouts = crate::cpu_group(local, per_worker, fanout)?;
         let cross_config = config.with_timeout(cross_timeout);
-        let cross = self.communicator_numbered(comm, cross_config, per_worker);
+        let cross: Box<dyn crate::Communicator> =
+            Box::new(self.rank_of(comm, cross_config, per_worker));
         let (worker, workers) = (cross.rank(), cross.world_size());
         let mut counts =
             Buffer::zeros(DType::I64, workers, mirra_device::Device::Cpu).expect("host memory");

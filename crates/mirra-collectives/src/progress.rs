@@ -7,6 +7,7 @@
 //! the waiter blocked. Dropping the progress thread runs the jobs still queued (the other
 //! ranks expect them) and joins it.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
@@ -20,7 +21,8 @@ use crate::pending::{Completion, Pending};
 use mirra_device::sync::{lock, panic_message};
 use mirra_device::trace;
 
-type Job = Box<dyn FnOnce() -> Result<Buffer> + Send>;
+/// A submitted collective, run whole (deadline included) on the progress thread.
+pub(crate) type Job = Box<dyn FnOnce() -> Result<Buffer> + Send>;
 
 /// The queue shared by the rank's thread and its progress thread.
 #[derive(Default)]
@@ -126,6 +128,35 @@ impl Drop for Progress {
             // Jobs catch their own panics, so the thread itself does not panic.
             let _ = t.join();
         }
+    }
+}
+
+/// A rank's progress thread as a backend holds it: started by the rank's first
+/// submission, drained before each collective the rank runs itself, stopped (after its
+/// queued jobs) when the rank leaves.
+#[derive(Default)]
+pub(crate) struct OnDemand(RefCell<Option<Progress>>);
+
+impl OnDemand {
+    /// Queue `job` for rank `rank`, starting the thread if this is its first submission.
+    pub(crate) fn submit(&self, rank: usize, op: Collective, job: Job) -> Result<Pending> {
+        let mut progress = self.0.borrow_mut();
+        if progress.is_none() {
+            *progress = Some(Progress::spawn(rank, op)?);
+        }
+        Ok(progress.as_ref().expect("started above").submit(op, job))
+    }
+
+    /// [`Progress::drain`], when the thread was started.
+    pub(crate) fn drain(&self) {
+        if let Some(p) = &*self.0.borrow() {
+            p.drain();
+        }
+    }
+
+    /// Run the queued jobs and join the thread.
+    pub(crate) fn stop(&mut self) {
+        drop(self.0.get_mut().take());
     }
 }
 

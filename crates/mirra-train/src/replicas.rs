@@ -403,7 +403,11 @@ fn gather_rows(
         Some(p) => Tensor::concat(&[&p.to_device(Device::Cpu)?.to_dtype(dtype)?, &pad], 0)?,
         None => pad,
     };
-    let send = unshared(padded.copy()?)?;
+    // The concatenation (or the zeros) is fresh; a copy only if it shares storage.
+    let send = match padded.into_buffer() {
+        Ok(b) => b,
+        Err(shared) => unshared(shared.copy()?)?,
+    };
     let mut all = unshared(Tensor::zeros(&dims(n * per), dtype, Device::Cpu)?)?;
     comm.all_gather(&send, &mut all)
         .map_err(mirra_strategy::StrategyError::from)?;
