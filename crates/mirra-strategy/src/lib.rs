@@ -11,22 +11,30 @@
 //! - [`GradientReducer`]: gradients grouped into buckets in reverse parameter order; each
 //!   bucket's all-reduce is submitted as soon as its gradients are ready during backward,
 //!   overlapping communication with the rest of backward.
+//! - Deterministic mode ([`StrategyConfig::with_deterministic`]): [`MicroBatches`], the
+//!   canonical micro-batches of a step and the fixed pairwise tree over their index, and
+//!   [`TreeReducer`], which sums micro-batch gradients in that tree across replicas, so
+//!   any number of replicas ends every step with one replica's bits.
 //!
 //! The training loop that uses them (`fit` under a strategy) lives in `mirra-train`.
 
 mod cross_replica;
 mod error;
 mod input;
+mod micro_batches;
 mod pool;
 mod reducer;
 mod strategy;
+mod tree_reducer;
 
 pub use error::StrategyError;
 pub use input::split_batch;
+pub use micro_batches::{tree_sum, MicroBatches, Node, DEFAULT_MICRO_BATCH};
 pub use mirra_collectives::{CollectiveError, Communicator, ReduceOp};
 pub use pool::ReplicaContext;
 pub use reducer::{GradientReducer, DEFAULT_BUCKET_BYTES};
 pub use strategy::{MirroredStrategy, PerReplica, StrategyConfig};
+pub use tree_reducer::{TreeReducer, TreeSum};
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, StrategyError>;

@@ -42,6 +42,12 @@ pub struct StrategyConfig {
     pub threads_per_replica: Option<usize>,
     /// Deadlines and tuning of the collectives.
     pub collectives: Config,
+    /// Deterministic mode's micro-batch size (`None`: the default mode). Each step's
+    /// global batch is cut into micro-batches of this many examples, each run on its own,
+    /// their gradients summed in one fixed pairwise tree over their index
+    /// ([`MicroBatches`](crate::MicroBatches)): any number of host replicas then ends every
+    /// step with the bits of one (weights, optimizer state, loss, metrics).
+    pub deterministic: Option<usize>,
 }
 
 impl StrategyConfig {
@@ -55,6 +61,7 @@ impl StrategyConfig {
             gradient_dtype: None,
             threads_per_replica: None,
             collectives: Config::default(),
+            deterministic: None,
         }
     }
 
@@ -109,11 +116,51 @@ impl StrategyConfig {
         self
     }
 
+    /// This config in deterministic mode with micro-batches of `micro` examples (see
+    /// [`StrategyConfig::deterministic`]). Checked by [`MirroredStrategy::new`]: host
+    /// replicas, gradients all-reduced in their own dtype.
+    pub fn with_deterministic(mut self, micro: usize) -> StrategyConfig {
+        self.deterministic = Some(micro);
+        self
+    }
+
     /// This config with a fixed number of kernel threads per replica.
     pub fn with_threads_per_replica(mut self, threads: usize) -> StrategyConfig {
         self.threads_per_replica = Some(threads);
         self
     }
+}
+
+/// Deterministic mode's scope (issue 19): host replicas, gradients summed in their own
+/// dtype, a micro-batch of at least one example.
+fn check_deterministic(config: &StrategyConfig) -> Result<()> {
+    let Some(micro) = config.deterministic else {
+        return Ok(());
+    };
+    if micro == 0 {
+        return Err(StrategyError::Invalid(
+            "deterministic mode needs micro-batches of at least 1 example".into(),
+        ));
+    }
+    if config.on_cuda() {
+        return Err(StrategyError::Invalid(
+            "deterministic mode runs on host replicas only: on CUDA devices cuBLAS picks its \
+             kernels by shape, so a sum's order is not fixed"
+                .into(),
+        ));
+    }
+    if let Some(d) = config.gradient_dtype.filter(|d| d.size_in_bytes() < 4) {
+        return Err(StrategyError::Invalid(format!(
+            "deterministic mode sums gradients in their own dtype, not in {d}"
+        )));
+    }
+    if config.collective == NOOP {
+        return Err(StrategyError::Invalid(format!(
+            "deterministic mode sums gradients across replicas; the `{NOOP}` ablation \
+             communicates nothing"
+        )));
+    }
+    Ok(())
 }
 
 /// Values that exist once per replica, in replica order (TensorFlow's `PerReplica`).
@@ -237,6 +284,7 @@ impl MirroredStrategy {
                 "gradients are all-reduced in a float dtype (bf16, f16, f32, f64), not {d}"
             )));
         }
+        check_deterministic(&config)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads_per_replica = config
             .threads_per_replica
@@ -294,6 +342,11 @@ impl MirroredStrategy {
     /// The dtype float gradients are all-reduced in, if not their own.
     pub fn gradient_dtype(&self) -> Option<DType> {
         self.config.gradient_dtype
+    }
+
+    /// Deterministic mode's micro-batch size (`None`: the default mode).
+    pub fn deterministic(&self) -> Option<usize> {
+        self.config.deterministic
     }
 
     /// Kernel threads each replica computes with.

@@ -18,7 +18,9 @@ use mirra_autograd::{Tape, Var};
 use mirra_device::{trace, Buffer};
 use mirra_nn::{Examples, Loss, Network, Reduction, Role};
 use mirra_optim::Optimizer;
-use mirra_strategy::{split_batch, Communicator, GradientReducer, MirroredStrategy};
+use mirra_strategy::{
+    split_batch, Communicator, GradientReducer, MicroBatches, MirroredStrategy, TreeReducer,
+};
 use mirra_tensor::{DType, Device, Tensor};
 
 use crate::{Result, TrainError};
@@ -38,6 +40,8 @@ pub(crate) struct Mirrors {
     others: Vec<Replica>,
     /// One per replica, replica 0's first.
     reducers: Vec<GradientReducer>,
+    /// Deterministic mode's reducer (shared: it holds only the gradients' layout).
+    tree: Option<TreeReducer>,
     /// Micro-steps per synchronised step (1: every step synchronises).
     pub(crate) accumulation: usize,
     /// Micro-steps taken since the last synchronised one.
@@ -109,6 +113,10 @@ impl Mirrors {
         net: Network,
         optimizer: &dyn Optimizer,
     ) -> Result<(Network, Mirrors)> {
+        let tree = match strategy.deterministic() {
+            Some(_) => Some(deterministic_reducer(&net)?),
+            None => None,
+        };
         let copies = strategy.mirror(net)?;
         // Each replica's buckets on its own device.
         let reducers = copies
@@ -136,6 +144,7 @@ impl Mirrors {
                 strategy,
                 others,
                 reducers,
+                tree,
                 accumulation: 1,
                 micro: 0,
                 stats: CommStats::default(),
@@ -183,7 +192,16 @@ impl Mirrors {
     pub(crate) fn infer(&self, primary: &Network, x: Tensor) -> Result<(Tensor, Option<Tensor>)> {
         let n = self.strategy.num_replicas_in_sync();
         let batch = x.dims().first().copied().unwrap_or(0);
-        let shards = split_batch(&[x], n)?;
+        // Deterministic mode runs each canonical micro-batch on its own, so that an
+        // example's output has the same bits for any number of replicas.
+        let plan = match self.strategy.deterministic() {
+            Some(micro) if batch > 0 => Some(MicroBatches::new(micro, batch, n)?),
+            _ => None,
+        };
+        let (shards, per) = match &plan {
+            Some(plan) => (plan_shards(plan, &[x])?, plan.per_replica() * plan.micro()),
+            None => (split_batch(&[x], n)?, batch.div_ceil(n)),
+        };
         let nets: Vec<&Network> = std::iter::once(primary)
             .chain(self.others.iter().map(|r| &r.net))
             .collect();
@@ -195,13 +213,13 @@ impl Mirrors {
                 let net = nets[ctx.replica_id];
                 let mut part = None;
                 if let Some([x]) = shards[ctx.global_replica_id].as_deref() {
-                    let tape = Tape::new();
-                    let out = net.forward_inference(&tape, x.clone())?;
-                    let logits = match &out.logits {
-                        Some(l) => Some(l.value().to_device(here)?),
-                        None => None,
-                    };
-                    part = Some((out.output.value().to_device(here)?, logits));
+                    part = Some(match &plan {
+                        Some(plan) => {
+                            let first = plan.examples(ctx.global_replica_id).start;
+                            infer_micro_batches(net, plan, x, first, here)?
+                        }
+                        None => infer_part(net, x, here)?,
+                    });
                 }
                 if !multi_worker {
                     return Ok(part);
@@ -210,16 +228,11 @@ impl Mirrors {
                 let (out, logits) = part.unzip();
                 let logits = logits.flatten();
                 let shape = net.output_shape();
-                let output = gather_rows(ctx.comm, out.as_ref(), batch, shape, net.dtype())?;
+                let rows = Rows { batch, per, shape };
+                let output = gather_rows(ctx.comm, out.as_ref(), rows, net.dtype())?;
                 let any_logits = any_replica(ctx.comm, logits.is_some())?;
                 let logits = match any_logits {
-                    true => Some(gather_rows(
-                        ctx.comm,
-                        logits.as_ref(),
-                        batch,
-                        shape,
-                        net.dtype(),
-                    )?),
+                    true => Some(gather_rows(ctx.comm, logits.as_ref(), rows, net.dtype())?),
                     false => None,
                 };
                 Ok(Some((output, logits)))
@@ -268,6 +281,9 @@ impl Mirrors {
                 "a training batch needs at least one example".into(),
             ));
         }
+        if let Some(micro) = self.strategy.deterministic() {
+            return self.deterministic_step(primary, loss, x, y, step_key, micro);
+        }
         let shards = split_batch(&[x, y.clone()], n)?;
         self.micro += 1;
         let sync = self.micro == self.accumulation;
@@ -277,22 +293,7 @@ impl Mirrors {
         // The sum of every replica's loss over every micro-step is the mean over all of
         // their examples (micro-batches of equal size).
         let scale = 1.0 / (batch * self.accumulation) as f64;
-        let mut views = Vec::with_capacity(local);
-        let mut reducers = self.reducers.iter_mut();
-        views.push(Mutex::new(View {
-            net: primary.net,
-            optimizer: primary.optimizer,
-            tape: primary.tape,
-            reducer: reducers.next().expect("one reducer per replica"),
-        }));
-        for (r, reducer) in self.others.iter_mut().zip(reducers) {
-            views.push(Mutex::new(View {
-                net: &mut r.net,
-                optimizer: r.optimizer.as_mut(),
-                tape: &mut r.tape,
-                reducer,
-            }));
-        }
+        let views = views(primary, &mut self.others, &mut self.reducers);
         // Each replica's first example in the global batch (`split_batch` gives each
         // `ceil(batch / n)` in order): dropout masks keyed by it and the step's key are
         // the single device's.
@@ -320,7 +321,12 @@ impl Mirrors {
                 result = result.and_then(|(part, out)| {
                     let total = sum_over_replicas(ctx.comm, part)?;
                     let (shape, dtype) = (net.output_shape(), net.dtype());
-                    let output = gather_rows(ctx.comm, out.as_ref(), batch, shape, dtype)?;
+                    let rows = Rows {
+                        batch,
+                        per: per_replica,
+                        shape,
+                    };
+                    let output = gather_rows(ctx.comm, out.as_ref(), rows, dtype)?;
                     Ok((total, Some(output)))
                 });
             }
@@ -333,6 +339,7 @@ impl Mirrors {
             result
         })?;
         drop(views);
+        let results = first_cause(results.into_values())?;
         let waits: Vec<f64> = self
             .reducers
             .iter_mut()
@@ -344,56 +351,306 @@ impl Mirrors {
         self.stats.exposed_comm_seconds += least;
         self.stats.imbalance_seconds += mean - least;
         self.stats.step_seconds += started.elapsed().as_secs_f64();
-        let mut total = 0.0;
-        let mut outputs = Vec::with_capacity(n);
-        let results = results.into_values();
-        // The cause, not the aborts it caused on the other replicas.
-        if let Some(cause) = results
-            .iter()
-            .position(|r| r.as_ref().is_err_and(|e| !is_abort(e)))
-            .or_else(|| results.iter().position(Result::is_err))
-        {
-            return Err(results
-                .into_iter()
-                .nth(cause)
-                .and_then(Result::err)
-                .expect("an error at that position"));
-        }
         let here = self.strategy.device(0);
         if multi_worker {
             // Every replica holds the global batch's loss and output: replica 0's.
-            let (total, output) = results.into_iter().next().expect("a replica")?;
+            let (total, output) = results.into_iter().next().expect("a replica");
             let output = output.expect("gathered rows").to_device(here)?;
             return Ok((total * self.accumulation as f64, output));
         }
         // The replicas' outputs, each on its own device, gathered on replica 0's.
-        for r in results {
-            let (l, out) = r?;
-            total += l;
-            if let Some(o) = out {
-                outputs.push(o.to_device(here)?);
-            }
-        }
-        let refs: Vec<&Tensor> = outputs.iter().collect();
-        let output = Tensor::concat(&refs, 0)?;
+        let total: f64 = results.iter().map(|(l, _)| l).sum();
+        let output = concat_outputs(results.into_iter().map(|(_, o)| o), here)?;
         Ok((total * self.accumulation as f64, output))
+    }
+
+    /// One step in deterministic mode ([`MirroredStrategy::deterministic`]): the global
+    /// batch cut into canonical micro-batches of `micro`, replica `r` owning a contiguous
+    /// run of them ([`MicroBatches`]); each micro-batch's forward and backward run on
+    /// exactly its examples, and its gradients and loss are summed in the fixed tree over
+    /// micro-batch index ([`TreeReducer`]). Every replica then holds the bits one replica
+    /// alone would, and applies the same update. Nothing overlaps backward.
+    fn deterministic_step(
+        &mut self,
+        primary: Primary<'_>,
+        loss: &dyn Loss,
+        x: Tensor,
+        y: &Tensor,
+        step_key: u64,
+        micro: usize,
+    ) -> Result<(f64, Tensor)> {
+        let started = Instant::now();
+        if self.accumulation != 1 {
+            return Err(TrainError::Invalid(format!(
+                "deterministic mode synchronises every step; gradient accumulation over {} \
+                 steps is not supported with it",
+                self.accumulation
+            )));
+        }
+        let n = self.strategy.num_replicas_in_sync();
+        let batch = x.dims().first().copied().unwrap_or(0);
+        let plan = MicroBatches::new(micro, batch, n)?;
+        let shards = plan_shards(&plan, &[x, y.clone()])?;
+        let tree = self
+            .tree
+            .as_ref()
+            .expect("deterministic mode has its reducer");
+        let views = views(primary, &mut self.others, &mut self.reducers);
+        let multi_worker = self.strategy.is_multi_worker();
+        let results = self.strategy.run(|ctx| {
+            let mut view = views[ctx.replica_id]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let g = ctx.global_replica_id;
+            let shard = shards[g].as_deref();
+            let mut result = deterministic_replica_step(
+                &mut view, tree, &plan, g, shard, loss, step_key, ctx.comm,
+            );
+            if multi_worker {
+                // Every replica holds the tree's loss; the output rows of every worker.
+                let net = &*view.net;
+                result = result.and_then(|(total, out)| {
+                    let rows = Rows {
+                        batch,
+                        per: plan.per_replica() * micro,
+                        shape: net.output_shape(),
+                    };
+                    let output = gather_rows(ctx.comm, out.as_ref(), rows, net.dtype())?;
+                    Ok((total, Some(output)))
+                });
+            }
+            if result.is_err() {
+                ctx.comm.abort_handle().abort();
+            }
+            result
+        })?;
+        drop(views);
+        let results = first_cause(results.into_values())?;
+        self.stats.steps += 1;
+        self.stats.step_seconds += started.elapsed().as_secs_f64();
+        let here = self.strategy.device(0);
+        // Every replica holds the same tree-summed loss: replica 0's.
+        let total = results.first().map_or(0.0, |(l, _)| *l);
+        if multi_worker {
+            let (_, output) = results.into_iter().next().expect("a replica");
+            return Ok((total, output.expect("gathered rows").to_device(here)?));
+        }
+        let output = concat_outputs(results.into_iter().map(|(_, o)| o), here)?;
+        Ok((total, output))
     }
 }
 
-/// The rows of a batch split across every replica in sync ([`split_batch`]: `ceil(batch
-/// / n)` each, in order), gathered in replica order on every replica: how a worker gets
-/// the rows the other workers' replicas computed. Each replica pads its `part` (none
-/// without examples) to `ceil(batch / n)` rows of `shape` in `dtype`; one all-gather;
-/// the real rows are the first `batch` (only the last replicas have fewer).
+/// Each replica's step view: replica 0's state lent by the model, then the others'.
+fn views<'v, 'p: 'v, 's: 'v>(
+    primary: Primary<'p>,
+    others: &'s mut [Replica],
+    reducers: &'s mut [GradientReducer],
+) -> Vec<Mutex<View<'v>>> {
+    let mut views = Vec::with_capacity(reducers.len());
+    let mut reducers = reducers.iter_mut();
+    views.push(Mutex::new(View {
+        net: primary.net,
+        optimizer: primary.optimizer,
+        tape: primary.tape,
+        reducer: reducers.next().expect("one reducer per replica"),
+    }));
+    for (r, reducer) in others.iter_mut().zip(reducers) {
+        views.push(Mutex::new(View {
+            net: &mut r.net,
+            optimizer: r.optimizer.as_mut(),
+            tape: &mut r.tape,
+            reducer,
+        }));
+    }
+    views
+}
+
+/// The replicas' results, or the error that caused the others (not the aborts it caused
+/// on the other replicas).
+fn first_cause<T>(results: Vec<Result<T>>) -> Result<Vec<T>> {
+    if let Some(cause) = results
+        .iter()
+        .position(|r| r.as_ref().is_err_and(|e| !is_abort(e)))
+        .or_else(|| results.iter().position(Result::is_err))
+    {
+        return Err(results
+            .into_iter()
+            .nth(cause)
+            .and_then(Result::err)
+            .expect("an error at that position"));
+    }
+    results.into_iter().collect()
+}
+
+/// The replicas' output parts (none for a replica without examples), in replica order,
+/// concatenated on `here`.
+fn concat_outputs(parts: impl Iterator<Item = Option<Tensor>>, here: Device) -> Result<Tensor> {
+    let outputs = parts
+        .flatten()
+        .map(|o| o.to_device(here))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    Ok(Tensor::concat(&refs, 0)?)
+}
+
+/// Each replica's examples of the batch (tensors sharing their first dimension) in
+/// deterministic mode: the micro-batches `plan` gives it, as views (`None`: none).
+fn plan_shards(plan: &MicroBatches, batch: &[Tensor]) -> Result<Vec<Option<Vec<Tensor>>>> {
+    (0..plan.replicas())
+        .map(|r| {
+            let rows = plan.examples(r);
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            let parts: Result<Vec<Tensor>> = batch
+                .iter()
+                .map(|t| Ok(t.narrow(0, rows.start, rows.len())?))
+                .collect();
+            parts.map(Some)
+        })
+        .collect()
+}
+
+/// Deterministic mode's reducer for `net`, which must hold no batch statistics.
+fn deterministic_reducer(net: &Network) -> Result<TreeReducer> {
+    if let Some(name) = net.state_names().first() {
+        return Err(TrainError::Invalid(format!(
+            "deterministic mode does not support batch normalization yet (`{name}`): it runs \
+             one micro-batch at a time, and batch statistics couple a batch's examples"
+        )));
+    }
+    Ok(TreeReducer::new(net.params(), 1)?)
+}
+
+/// One replica's part of a deterministic step: each of its micro-batches forward and
+/// backward on its own, summed in the tree with every replica's; then the update. Returns
+/// the step's loss (the tree's, the same on every replica) and this replica's output rows.
+#[allow(clippy::too_many_arguments)]
+fn deterministic_replica_step(
+    view: &mut View<'_>,
+    tree: &TreeReducer,
+    plan: &MicroBatches,
+    replica: usize,
+    shard: Option<&[Tensor]>,
+    loss_fn: &dyn Loss,
+    step_key: u64,
+    comm: &dyn Communicator,
+) -> Result<(f64, Option<Tensor>)> {
+    let View {
+        net,
+        optimizer,
+        tape,
+        ..
+    } = view;
+    let scale = 1.0 / plan.batch() as f64;
+    let first = plan.examples(replica).start;
+    let mut outputs = Vec::new();
+    let sum = tree.reduce(comm, plan, |i| -> Result<Tensor> {
+        let [x, y] = shard.ok_or_else(|| {
+            TrainError::Invalid(format!("micro-batch {i} asked of replica {replica}"))
+        })?
+        else {
+            return Err(TrainError::Invalid(
+                "a shard holds inputs and labels".into(),
+            ));
+        };
+        let rows = plan.examples_of(i);
+        let (start, len) = (rows.start - first, rows.len());
+        let out = {
+            let _forward = trace::span("compute", "forward");
+            let examples = Examples {
+                step_key,
+                first: rows.start,
+            };
+            net.forward(tape, x.narrow(0, start, len)?, true, examples)?
+        };
+        let y = y.narrow(0, start, len)?.to_device(net.device())?;
+        let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
+        let mut grads = {
+            let _backward = trace::span("compute", "backward");
+            tape.backward(&scaled_loss(&loss, &**optimizer)?)?
+        };
+        let grads = (0..net.params().len()).map(|k| grads.take(k)).collect();
+        let value = loss.value().to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        outputs.push(out.output.value().clone());
+        drop(out);
+        drop(loss);
+        tape.clear();
+        Ok(tree.leaf(grads, &[value])?)
+    })?;
+    let _step = trace::span("optimizer", "optimizer step");
+    optimizer.step(net.params_mut(), &sum.grads)?;
+    drop(sum.grads);
+    let output = match outputs.is_empty() {
+        true => None,
+        false => Some(Tensor::concat(&outputs.iter().collect::<Vec<_>>(), 0)?),
+    };
+    Ok((sum.scalars[0], output))
+}
+
+/// A replica's output part in inference, on `here` (with the logits when the model ends
+/// in a softmax).
+fn infer_part(net: &Network, x: &Tensor, here: Device) -> Result<(Tensor, Option<Tensor>)> {
+    let tape = Tape::new();
+    let out = net.forward_inference(&tape, x.clone())?;
+    let logits = match &out.logits {
+        Some(l) => Some(l.value().to_device(here)?),
+        None => None,
+    };
+    Ok((out.output.value().to_device(here)?, logits))
+}
+
+/// [`infer_part`] one canonical micro-batch at a time (deterministic mode); `x` holds the
+/// replica's examples, the first of which is example `first` of the batch.
+fn infer_micro_batches(
+    net: &Network,
+    plan: &MicroBatches,
+    x: &Tensor,
+    first: usize,
+    here: Device,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let rows = x.dims()[0];
+    let (mut outputs, mut logits) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    while start < rows {
+        let len = plan.examples_of((first + start) / plan.micro()).len();
+        let (o, l) = infer_part(net, &x.narrow(0, start, len)?, here)?;
+        outputs.push(o);
+        logits.extend(l);
+        start += len;
+    }
+    let cat = |ts: &[Tensor]| -> Result<Tensor> {
+        Ok(Tensor::concat(&ts.iter().collect::<Vec<_>>(), 0)?)
+    };
+    let logits = match logits.len() == outputs.len() {
+        true => Some(cat(&logits)?),
+        false => None,
+    };
+    Ok((cat(&outputs)?, logits))
+}
+
+/// How a batch's rows lie across the replicas: `per` each in replica order (the last
+/// replicas fewer or none), `batch` in all, each row of `shape`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    batch: usize,
+    per: usize,
+    shape: &'a [usize],
+}
+
+/// The rows of a batch split across every replica in sync (`rows`: [`split_batch`]'s
+/// `ceil(batch / n)` each, or whole micro-batches in deterministic mode), gathered in
+/// replica order on every replica: how a worker gets the rows the other workers' replicas
+/// computed. Each replica pads its `part` (none without examples) to `per` rows in
+/// `dtype`; one all-gather; the real rows are the first `batch`.
 fn gather_rows(
     comm: &dyn Communicator,
     part: Option<&Tensor>,
-    batch: usize,
-    shape: &[usize],
+    rows: Rows<'_>,
     dtype: DType,
 ) -> Result<Tensor> {
     let n = comm.world_size();
-    let per = batch.div_ceil(n);
+    let Rows { batch, per, shape } = rows;
     let dims = |rows: usize| -> Vec<usize> {
         std::iter::once(rows).chain(shape.iter().copied()).collect()
     };
@@ -1043,5 +1300,210 @@ mod tests {
                 );
             }
         }
+    }
+}
+
+/// Deterministic mode (issue 19): any number of replicas, any backend, the bits of one.
+#[cfg(test)]
+mod deterministic_tests {
+    use std::sync::Arc;
+
+    use mirra_nn::loss::SparseCategoricalCrossentropy;
+    use mirra_nn::{
+        Accuracy, Activation, Conv2D, Dense, Dropout, Flatten, MaxPooling2D, Network, Padding,
+    };
+    use mirra_optim::Adam;
+    use mirra_strategy::{MirroredStrategy, StrategyConfig};
+    use mirra_tensor::init::{rng, Initializer};
+    use mirra_tensor::{DType, Device, Tensor};
+    use proptest::prelude::*;
+
+    use crate::Model;
+
+    /// A small network with a convolution, pooling, dropout and dense layers.
+    fn net() -> Network {
+        let mut n = Network::new(vec![
+            Box::new(Conv2D::new(4, [3, 3], Activation::Relu).padding(Padding::Same)),
+            Box::new(MaxPooling2D::new([2, 2])),
+            Box::new(Flatten),
+            Box::new(Dropout::new(0.25)),
+            Box::new(Dense::new(8, Activation::Relu)),
+            Box::new(Dense::new(3, Activation::Softmax)),
+        ]);
+        n.build(&[6, 6, 1], 11).unwrap();
+        n
+    }
+
+    fn compile(config: StrategyConfig) -> Model {
+        let s = Arc::new(MirroredStrategy::new(config).unwrap());
+        let built = s.scope(net);
+        let loss = Box::new(SparseCategoricalCrossentropy::default());
+        let opt = Box::new(Adam::new(0.01));
+        Model::compile_in(s, built, opt, loss, vec![Box::new(Accuracy::new())], 1).unwrap()
+    }
+
+    /// `n` images of `side` x `side` with labels that depend on them.
+    fn data(n: usize, side: usize) -> (Tensor, Tensor) {
+        let normal = Initializer::Normal {
+            mean: 0.0,
+            std: 1.0,
+        };
+        let x = normal
+            .init(&[n, side, side, 1], DType::F32, Device::Cpu, &mut rng(5))
+            .unwrap();
+        let v = x.to_vec::<f32>().unwrap();
+        let y: Vec<i64> = v
+            .chunks(side * side)
+            .map(|r| (r[0] + r[7] > 0.0) as i64 + (r[20] > 0.5) as i64)
+            .collect();
+        (x, Tensor::from_vec(y, &[n], Device::Cpu).unwrap())
+    }
+
+    /// Everything a step must leave bitwise equal: every step's loss and output, and the
+    /// final weights and optimizer state, as bits.
+    type Bits = (Vec<u64>, Vec<Vec<u32>>, Vec<(String, Vec<u8>)>);
+
+    /// `steps` steps over batches of `batch` 6x6 images, the last one of `last`.
+    fn train(model: &mut Model, steps: usize, batch: usize, last: usize) -> Bits {
+        train_on(model, steps, batch, last, 6)
+    }
+
+    /// [`train`] on images of `side` x `side`.
+    fn train_on(model: &mut Model, steps: usize, batch: usize, last: usize, side: usize) -> Bits {
+        let (x, y) = data((steps - 1) * batch + last, side);
+        let (mut losses, mut outputs) = (Vec::new(), Vec::new());
+        for s in 0..steps {
+            let len = if s + 1 == steps { last } else { batch };
+            let xb = x.narrow(0, s * batch, len).unwrap();
+            let yb = y.narrow(0, s * batch, len).unwrap();
+            let out = model.train_step(xb, &yb).unwrap();
+            model.check_replicas_in_sync().unwrap();
+            losses.push(out.loss.to_bits());
+            let o = out.output.to_vec::<f32>().unwrap();
+            outputs.push(o.iter().map(|v| v.to_bits()).collect());
+        }
+        let state = model
+            .get_weights()
+            .into_iter()
+            .chain(model.optimizer().state())
+            .map(|(n, t)| (n, t.contiguous().unwrap().as_bytes().unwrap().to_vec()))
+            .collect();
+        (losses, outputs, state)
+    }
+
+    fn config(replicas: usize, collective: &str, micro: usize) -> StrategyConfig {
+        StrategyConfig::cpu(replicas)
+            .with_collective(collective)
+            .with_deterministic(micro)
+    }
+
+    /// The first difference between two runs, named.
+    fn difference(got: &Bits, want: &Bits) -> Option<String> {
+        if let Some(s) = (0..want.0.len()).find(|&s| got.0[s] != want.0[s]) {
+            let (g, w) = (f64::from_bits(got.0[s]), f64::from_bits(want.0[s]));
+            return Some(format!("step {s}: loss {g:e}, one replica {w:e}"));
+        }
+        if let Some(s) = (0..want.1.len()).find(|&s| got.1[s] != want.1[s]) {
+            return Some(format!("step {s}: the outputs differ"));
+        }
+        let named = got.2.iter().zip(&want.2);
+        named
+            .filter(|((_, g), (_, w))| g != w)
+            .map(|((n, _), _)| format!("{n} differs"))
+            .next()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// 1 to 8 replicas on every backend, batches whose last one is partial, micro-
+        /// batches that do not divide them: the bits of one replica after every step.
+        #[test]
+        fn any_replica_count_trains_with_one_replicas_bits(
+            replicas in 2usize..=8,
+            backend in 0usize..4,
+            micro in 1usize..7,
+            batch in 5usize..24,
+            last in 1usize..24,
+        ) {
+            let collective = mirra_collectives::BACKENDS[backend];
+            let want = train(&mut compile(config(1, "ring", micro)), 3, batch, last);
+            let got = train(&mut compile(config(replicas, collective, micro)), 3, batch, last);
+            let what = format!("{replicas} replicas ({collective}), micro {micro}");
+            prop_assert!(difference(&got, &want).is_none(), "{what}: {:?}", difference(&got, &want));
+        }
+    }
+
+    /// The check can fail: the default mode's sum (bucketed all-reduce in rank order over
+    /// `split_batch`'s shares) does not give one replica's bits for these runs, and
+    /// neither does deterministic mode with another micro-batch size (another tree).
+    #[test]
+    fn the_default_mode_and_another_tree_differ() {
+        let want = train(&mut compile(config(1, "ring", 2)), 3, 16, 7);
+        let default = StrategyConfig::cpu(3).with_collective("ring");
+        let got = train(&mut compile(default), 3, 16, 7);
+        assert!(difference(&got, &want).is_some());
+        let got = train(&mut compile(config(1, "ring", 4)), 3, 16, 7);
+        assert!(difference(&got, &want).is_some());
+    }
+
+    /// A replica's kernels split their work by its thread budget (1 replica on this
+    /// machine's cores, 8 on one each): matrices large enough to be split (the dense
+    /// layer's 64 x 2304 x 1024 product is above the matmul's 2^24 products) give the
+    /// same bits on 1, 2 and 4 threads.
+    #[test]
+    fn kernel_threads_do_not_change_the_bits() {
+        let wide = |threads: usize, replicas: usize| {
+            let config = config(replicas, "ring", 64).with_threads_per_replica(threads);
+            let s = Arc::new(MirroredStrategy::new(config).unwrap());
+            let built = s.scope(|| {
+                let mut n = Network::new(vec![
+                    Box::new(Conv2D::new(16, [3, 3], Activation::Relu).padding(Padding::Same)),
+                    Box::new(Flatten),
+                    Box::new(Dense::new(1024, Activation::Relu)),
+                    Box::new(Dense::new(3, Activation::Softmax)),
+                ]);
+                n.build(&[12, 12, 1], 3).unwrap();
+                n
+            });
+            let loss = Box::new(SparseCategoricalCrossentropy::default());
+            let opt = Box::new(Adam::new(0.01));
+            Model::compile_in(s, built, opt, loss, vec![], 1).unwrap()
+        };
+        let want = train_on(&mut wide(1, 1), 2, 160, 100, 12);
+        for (threads, replicas) in [(2, 1), (4, 1), (2, 2), (1, 3)] {
+            let got = train_on(&mut wide(threads, replicas), 2, 160, 100, 12);
+            let diff = difference(&got, &want);
+            assert!(diff.is_none(), "{replicas} x {threads} threads: {diff:?}");
+        }
+    }
+
+    #[test]
+    fn batch_normalization_and_accumulation_are_refused_by_name() {
+        let s = Arc::new(MirroredStrategy::new(config(2, "ring", 4)).unwrap());
+        let built = s.scope(|| {
+            let mut n = Network::new(vec![
+                Box::new(Flatten),
+                Box::new(mirra_nn::BatchNormalization::new()),
+                Box::new(Dense::new(3, Activation::Softmax)),
+            ]);
+            n.build(&[6, 6, 1], 1).unwrap();
+            n
+        });
+        let loss = Box::new(SparseCategoricalCrossentropy::default());
+        let err = Model::compile_in(s, built, Box::new(Adam::new(0.01)), loss, vec![], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("batch normalization") && err.contains("moving"),
+            "{err}"
+        );
+        let bad = MirroredStrategy::new(config(2, "ring", 0))
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("at least 1 example"), "{bad}");
+        let half = config(2, "ring", 4).with_gradient_dtype(DType::BF16);
+        let bad = MirroredStrategy::new(half).unwrap_err().to_string();
+        assert!(bad.contains("bf16"), "{bad}");
     }
 }

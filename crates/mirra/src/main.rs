@@ -253,6 +253,18 @@ pub struct TrainArgs {
     /// additions in f32; the summed gradients come back in f32). Needs replicas.
     #[arg(long, value_enum, value_name = "DTYPE", default_value_t = AllReduceDtype::Float32)]
     pub allreduce_dtype: AllReduceDtype,
+    /// Deterministic mode: every step's weights, optimizer state, loss and metrics are
+    /// bitwise those of one replica, for any --replicas (and MPI workers of one CPU type).
+    /// The global batch is cut into micro-batches of --micro-batch examples, each run
+    /// forward and backward on its own, their gradients summed in one fixed pairwise tree
+    /// over the micro-batch index. Host replicas, f32 gradients, models without batch
+    /// norm. Costs the overlap of backward with communication and small matrix products.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Deterministic mode's micro-batch size (default 16): the results depend on it (and
+    /// not on --replicas). Needs --deterministic.
+    #[arg(long, value_name = "M", value_parser = positive)]
+    pub micro_batch: Option<usize>,
     /// Scale the learning rate linearly with the global batch size, from a base batch of
     /// 64 (Goyal et al., 2017): lr x batch-size / 64.
     #[arg(long)]
@@ -305,7 +317,15 @@ impl TrainArgs {
 
     /// Whether the run trains under the mirrored strategy (--replicas, or several devices).
     pub fn mirrored(&self) -> bool {
-        self.replicas.is_some() || self.devices().len() > 1
+        self.replicas.is_some() || self.devices().len() > 1 || self.deterministic
+    }
+
+    /// Deterministic mode's micro-batch size, when --deterministic is on.
+    pub fn deterministic_micro_batch(&self) -> Option<usize> {
+        self.deterministic.then(|| {
+            self.micro_batch
+                .unwrap_or(mirra::strategy::DEFAULT_MICRO_BATCH)
+        })
     }
 
     /// The replicas that train in sync.

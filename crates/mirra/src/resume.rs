@@ -49,8 +49,7 @@ struct Setting {
 }
 
 /// The run configuration of `args` training `model`: what a checkpoint records and a
-/// resumed run checks. Determinism has no flag yet: recorded now, a run that changes it
-/// the day it arrives is refused.
+/// resumed run checks.
 fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
     let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
     let data = match &args.data {
@@ -104,7 +103,15 @@ fn run_config(args: &TrainArgs, model: &Model) -> Vec<Setting> {
             args.precision.policy().name().into(),
             Refuse,
         ),
-        setting("deterministic", "deterministic", on_off(false), Refuse),
+        setting(
+            "deterministic",
+            "--deterministic",
+            match args.deterministic_micro_batch() {
+                Some(m) => format!("on, micro-batches of {m}"),
+                None => on_off(false),
+            },
+            Refuse,
+        ),
         setting(
             "replicas",
             "--replicas",

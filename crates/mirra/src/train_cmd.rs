@@ -167,6 +167,13 @@ fn train(args: &TrainArgs, fault: Option<Fault>) -> Result<(), Failure> {
     if let Some(e) = mirra::tensor::bf16_matmul_request_error() {
         return Err(Failure::Usage(e));
     }
+    if args.micro_batch.is_some() && !args.deterministic {
+        return Err(Failure::Usage(
+            "--micro-batch without --deterministic: it is deterministic mode's micro-batch \
+             size"
+                .into(),
+        ));
+    }
     let replica_count = args.replica_count();
     if args.mirrored() && devices.len() == 1 {
         // --replicas N on one device: N replicas there.
@@ -236,6 +243,9 @@ fn train(args: &TrainArgs, fault: Option<Fault>) -> Result<(), Failure> {
             }
             if let Some(dtype) = args.allreduce_dtype.dtype() {
                 config = config.with_gradient_dtype(dtype);
+            }
+            if let Some(micro) = args.deterministic_micro_batch() {
+                config = config.with_deterministic(micro);
             }
             let strategy = match job {
                 Some(job) => {
@@ -376,6 +386,14 @@ fn train(args: &TrainArgs, fault: Option<Fault>) -> Result<(), Failure> {
         None => net.build(&input, args.seed),
     }
     .map_err(|e| run_err(&e))?;
+    if let (true, Some(state)) = (args.deterministic, net.state_names().first()) {
+        return Err(Failure::Usage(format!(
+            "--deterministic with --model {}: its batch normalization (`{state}`) is not \
+             supported in deterministic mode yet (its statistics couple a batch's examples, \
+             which deterministic mode runs one micro-batch at a time)",
+            args.model
+        )));
+    }
     net.to_device(device).map_err(|e| run_err(&e))?;
     let placement = match &strategy {
         Some(s) if !device.is_cpu() => format!(
@@ -398,6 +416,23 @@ fn train(args: &TrainArgs, fault: Option<Fault>) -> Result<(), Failure> {
             s.threads_per_replica(),
             args.batch_size.div_ceil(s.num_replicas_in_sync()),
         ),
+        Some(s) if s.deterministic().is_some() => {
+            let micro = s.deterministic().unwrap_or(1);
+            let plan = mirra::strategy::MicroBatches::new(
+                micro,
+                args.batch_size,
+                s.num_replicas_in_sync(),
+            )
+            .map_err(|e| Failure::Usage(e.to_string()))?;
+            format!(
+                "{} replicas in sync, collective {}, {} threads each, deterministic: \
+                 micro-batches of {micro}, {} per replica",
+                s.num_replicas_in_sync(),
+                s.collective(),
+                s.threads_per_replica(),
+                plan.examples(0).len(),
+            )
+        }
         Some(s) => format!(
             "{} replicas in sync, collective {}, {} threads each, {} per replica",
             s.num_replicas_in_sync(),

@@ -89,7 +89,7 @@ fn one_epoch_on_the_bundled_data_reaches_90_percent() {
 #[test]
 fn bad_arguments_get_one_clear_line_and_exit_2() {
     let missing = std::env::temp_dir().join("mirra-no-such-dir");
-    let cases: [(&[&str], &str); 25] = [
+    let cases: [(&[&str], &str); 29] = [
         (&["train", "--batch-size", "0"], "--batch-size"),
         // A negative number used to be taken for a flag: "unexpected argument '-1'".
         (
@@ -164,6 +164,29 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
             "mirra-no-such-dir",
         ),
         (&["train", "--bogus"], "--bogus"),
+        (
+            &["train", "--micro-batch", "8"],
+            "--micro-batch without --deterministic",
+        ),
+        (
+            &["train", "--deterministic", "--micro-batch", "0"],
+            "--micro-batch",
+        ),
+        (
+            &["train", "--deterministic", "--model", "resnet20"],
+            "--deterministic with --model resnet20: its batch normalization",
+        ),
+        (
+            &[
+                "train",
+                "--deterministic",
+                "--replicas",
+                "2",
+                "--allreduce-dtype",
+                "bfloat16",
+            ],
+            "deterministic mode sums gradients in their own dtype, not in bf16",
+        ),
         (
             &["train", "--allreduce-dtype", "bfloat16"],
             "--allreduce-dtype bfloat16 with one device: there is no all-reduce without replicas",

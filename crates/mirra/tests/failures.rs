@@ -418,7 +418,7 @@ fn a_resume_refuses_a_changed_setting_and_allows_another_placement() {
         args.extend(settings);
         assert_usage_error(&mirra(&args), &[&needle]);
     }
-    // Determinism has no flag yet: a checkpoint recording another is refused.
+    // Determinism decides the results: a checkpoint recording another is refused.
     let other = tempfile::tempdir().unwrap();
     let mut c = Checkpoint::read(&last).unwrap();
     c.meta.extra.insert("deterministic".into(), "on".into());
@@ -432,7 +432,7 @@ fn a_resume_refuses_a_changed_setting_and_allows_another_placement() {
     ]);
     assert_usage_error(
         &out,
-        &["written with deterministic on, not deterministic off"],
+        &["written with --deterministic on, not --deterministic off"],
     );
 
     // Another placement: said, and allowed.

@@ -276,3 +276,88 @@ fn max_restarts_resumes_a_failed_run_to_the_uninterrupted_bits() {
         text(&out.stderr)
     );
 }
+
+/// Issue 19 through the CLI: a deterministic run of 2 epochs on one replica, and one of 1
+/// epoch on 3 replicas resumed for the second on 4 (another collective too), end with the
+/// same bits: weights, optimizer state and every epoch's loss, accuracy and validation
+/// figures. The same pair in the default mode differs (the check can fail), and a resumed
+/// run cannot switch determinism on or change the micro-batch.
+#[test]
+fn a_deterministic_run_resumed_on_other_replicas_ends_with_one_replicas_bits() {
+    let run = |dir: &Path, epochs: &str, extra: &[&str]| {
+        let args = [
+            &SETTINGS[..],
+            &["--epochs", epochs, "--micro-batch", "24"],
+            extra,
+        ]
+        .concat();
+        let out = mirra(&[&["--deterministic"], &args[..]].concat(), dir);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let one = tempfile::tempdir().unwrap();
+    let said = run(one.path(), "2", &["--replicas", "1"]);
+    assert!(
+        said.contains("deterministic: micro-batches of 24"),
+        "{said}"
+    );
+    let split = tempfile::tempdir().unwrap();
+    run(split.path(), "1", &["--replicas", "3"]);
+    run(
+        split.path(),
+        "2",
+        &["--replicas", "4", "--collective", "direct", "--resume"],
+    );
+    let read = |dir: &Path| Checkpoint::read(&dir.join("last.safetensors")).unwrap();
+    let (want, got) = (read(one.path()), read(split.path()));
+    assert_eq!((got.step, got.meta.epoch), (2 * 32, 2));
+    let bits = |c: &Checkpoint| -> Vec<(String, Vec<u8>)> {
+        c.weights
+            .iter()
+            .chain(&c.optimizer_state)
+            .map(|(n, t)| {
+                (
+                    n.clone(),
+                    t.contiguous().unwrap().as_bytes().unwrap().to_vec(),
+                )
+            })
+            .collect()
+    };
+    let differ: Vec<String> = bits(&got)
+        .into_iter()
+        .zip(bits(&want))
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.0)
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "differ from one replica's run: {differ:?}"
+    );
+    for key in ["loss", "accuracy", "val_loss", "val_accuracy"] {
+        let (g, w) = (
+            got.history.get(key).unwrap(),
+            want.history.get(key).unwrap(),
+        );
+        let as_bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(as_bits(g), as_bits(w), "{key}: {g:?} against {w:?}");
+    }
+
+    // The default mode's 3 replicas against one device differ in their last bits.
+    let default = tempfile::tempdir().unwrap();
+    let args = [&SETTINGS[..], &["--epochs", "1", "--replicas", "3"]].concat();
+    assert!(mirra(&args, default.path()).status.success());
+    let single = tempfile::tempdir().unwrap();
+    let args = [&SETTINGS[..], &["--epochs", "1"]].concat();
+    assert!(mirra(&args, single.path()).status.success());
+    assert_ne!(bits(&read(default.path())), bits(&read(single.path())));
+
+    // Determinism is a setting that decides the results.
+    let args = [&SETTINGS[..], &["--epochs", "3", "--resume"]].concat();
+    let out = mirra(&args, split.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--deterministic"),
+        "{}",
+        text(&out.stderr)
+    );
+}
