@@ -6,7 +6,7 @@
 # named at the deadline and the job ended; the hierarchical backend of 2 and 3 workers),
 # and `mirra train` under mpirun (workers following one process and one device, rank 0
 # alone writing, a killed worker resumed to the uninterrupted bits, a stopped worker named
-# at the deadline).
+# at the deadline, deterministic workers ending with one replica's bits).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install-mpi.sh

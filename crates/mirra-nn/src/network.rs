@@ -430,6 +430,28 @@ impl Network {
         Ok(out)
     }
 
+    /// [`forward`](Network::forward) on a shared network, for a network without state
+    /// (no batch norm): several threads may run it at once, each on its own tape
+    /// (deterministic mode runs a replica's micro-batches in parallel). A network with
+    /// state is an error naming it: its training pass would update that state.
+    pub fn forward_stateless<'t>(
+        &self,
+        tape: &'t Tape,
+        x: Tensor,
+        training: bool,
+        examples: Examples,
+    ) -> Result<ModelOutput<'t>> {
+        if let Some(name) = self.state_names.first() {
+            return Err(NnError::Config {
+                layer: name.clone(),
+                msg: "a network with state cannot run forward_stateless: its training pass \
+                      updates that state"
+                    .into(),
+            });
+        }
+        Ok(self.run(tape, x, training, examples, true)?.0)
+    }
+
     /// Run the model for inference (no dropout, moving statistics, no parameters tracked
     /// for gradients).
     pub fn forward_inference<'t>(&self, tape: &'t Tape, x: Tensor) -> Result<ModelOutput<'t>> {

@@ -29,12 +29,12 @@ mod tree_reducer;
 
 pub use error::StrategyError;
 pub use input::split_batch;
-pub use micro_batches::{tree_sum, MicroBatches, Node, DEFAULT_MICRO_BATCH};
+pub use micro_batches::{tree_sum, Join, MicroBatches, Node, Sequential, DEFAULT_MICRO_BATCH};
 pub use mirra_collectives::{CollectiveError, Communicator, ReduceOp};
 pub use pool::ReplicaContext;
 pub use reducer::{GradientReducer, DEFAULT_BUCKET_BYTES};
 pub use strategy::{MirroredStrategy, PerReplica, StrategyConfig};
-pub use tree_reducer::{TreeReducer, TreeSum};
+pub use tree_reducer::{Leaf, TreeReducer, TreeSum};
 
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, StrategyError>;

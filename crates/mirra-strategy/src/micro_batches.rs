@@ -168,17 +168,47 @@ impl MicroBatches {
     }
 }
 
+/// How [`tree_sum`] sums the two halves of a node at once.
+pub trait Join: Sync {
+    /// Run `a` and `b`, at once where it can, `a` with `split.0` of the threads and `b`
+    /// with `split.1`.
+    fn join<RA: Send, RB: Send>(
+        &self,
+        split: (usize, usize),
+        a: impl FnOnce() -> RA + Send,
+        b: impl FnOnce() -> RB + Send,
+    ) -> (RA, RB);
+}
+
+/// One thread: the left half, then the right one.
+#[derive(Clone, Copy, Debug)]
+pub struct Sequential;
+
+impl Join for Sequential {
+    fn join<RA: Send, RB: Send>(
+        &self,
+        _: (usize, usize),
+        a: impl FnOnce() -> RA + Send,
+        b: impl FnOnce() -> RB + Send,
+    ) -> (RA, RB) {
+        (a(), b())
+    }
+}
+
 /// The sum of the micro-batches under `node` in the tree's order: `known(n)` gives a
 /// node's value when it is already summed (a leaf, or a subtree another replica summed),
 /// `None` to sum its halves: `add(left, right)`, or the left alone when the right one
-/// starts at or past `count`. The halves are summed left first, so leaves are asked for in
-/// increasing order. Errors are the callbacks' (a node without a value is a
+/// starts at or past `count`. With `threads > 1` the two halves are summed at once
+/// (`join`), the threads shared between them; which thread sums a node changes nothing
+/// of its bits. Errors are the callbacks' (a node without a value is a
 /// [`StrategyError`]).
-pub fn tree_sum<T, E: From<StrategyError>>(
+pub fn tree_sum<T: Send, E: Send + From<StrategyError>>(
     node: Node,
     count: usize,
-    known: &mut impl FnMut(Node) -> std::result::Result<Option<T>, E>,
-    add: &mut impl FnMut(T, T) -> std::result::Result<T, E>,
+    threads: usize,
+    known: &(impl Fn(Node) -> std::result::Result<Option<T>, E> + Sync),
+    add: &(impl Fn(T, T) -> std::result::Result<T, E> + Sync),
+    join: &impl Join,
 ) -> std::result::Result<T, E> {
     if let Some(value) = known(node)? {
         return Ok(value);
@@ -190,12 +220,22 @@ pub fn tree_sum<T, E: From<StrategyError>>(
         ))
         .into());
     };
-    let left = tree_sum(left, count, known, add)?;
     if right.first >= count {
-        return Ok(left);
+        return tree_sum(left, count, threads, known, add, join);
     }
-    let right = tree_sum(right, count, known, add)?;
-    add(left, right)
+    let (mine, theirs) = (threads - threads / 2, (threads / 2).max(1));
+    let (left, right) = match threads {
+        0 | 1 => (
+            tree_sum(left, count, 1, known, add, join),
+            tree_sum(right, count, 1, known, add, join),
+        ),
+        _ => join.join(
+            (mine, theirs),
+            || tree_sum(left, count, mine, known, add, join),
+            || tree_sum(right, count, theirs, known, add, join),
+        ),
+    };
+    add(left?, right?)
 }
 
 #[cfg(test)]
@@ -206,25 +246,51 @@ mod tests {
     /// The tree's sum of `values` (one per micro-batch) as one replica computes it.
     fn one_replica(values: &[f32]) -> f32 {
         let plan = MicroBatches::new(1, values.len(), 1).unwrap();
-        let mut leaf = |n: Node| Ok::<_, StrategyError>((n.size == 1).then(|| values[n.first]));
-        tree_sum(plan.root(), plan.count(), &mut leaf, &mut |a, b| Ok(a + b)).unwrap()
+        let leaf = |n: Node| Ok::<_, StrategyError>((n.size == 1).then(|| values[n.first]));
+        tree_sum(
+            plan.root(),
+            plan.count(),
+            1,
+            &leaf,
+            &|a, b| Ok(a + b),
+            &Sequential,
+        )
+        .unwrap()
     }
 
-    /// The same sum as `replicas` replicas compute it: each sums its subtrees, then the
-    /// rest of the tree is summed from every replica's subtrees, found by node.
-    fn split(values: &[f32], replicas: usize) -> f32 {
+    /// The same sum as `replicas` replicas compute it, each with `threads` threads: each
+    /// sums its subtrees, then the rest of the tree is summed from every replica's
+    /// subtrees, found by node.
+    fn split(values: &[f32], replicas: usize, threads: usize) -> f32 {
         let plan = MicroBatches::new(1, values.len(), replicas).unwrap();
         let mut parts = std::collections::HashMap::new();
+        let add = |a: f32, b: f32| Ok::<_, StrategyError>(a + b);
         for r in 0..replicas {
             for node in plan.subtrees(r) {
-                let mut leaf =
-                    |n: Node| Ok::<_, StrategyError>((n.size == 1).then(|| values[n.first]));
-                let v = tree_sum(node, plan.count(), &mut leaf, &mut |a, b| Ok(a + b)).unwrap();
+                let leaf = |n: Node| Ok((n.size == 1).then(|| values[n.first]));
+                let v = tree_sum(node, plan.count(), threads, &leaf, &add, &Spawn).unwrap();
                 assert!(parts.insert(node, v).is_none(), "{node:?} owned twice");
             }
         }
-        let mut known = |n: Node| Ok::<_, StrategyError>(parts.get(&n).copied());
-        tree_sum(plan.root(), plan.count(), &mut known, &mut |a, b| Ok(a + b)).unwrap()
+        let known = |n: Node| Ok(parts.get(&n).copied());
+        tree_sum(plan.root(), plan.count(), threads, &known, &add, &Spawn).unwrap()
+    }
+
+    /// Halves on scoped threads of their own.
+    struct Spawn;
+
+    impl Join for Spawn {
+        fn join<RA: Send, RB: Send>(
+            &self,
+            _: (usize, usize),
+            a: impl FnOnce() -> RA + Send,
+            b: impl FnOnce() -> RB + Send,
+        ) -> (RA, RB) {
+            std::thread::scope(|s| {
+                let b = s.spawn(b);
+                (a(), b.join().unwrap())
+            })
+        }
     }
 
     /// Values of wildly different magnitudes, where the grouping changes the bits.
@@ -235,8 +301,11 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_replica_count_sums_the_same_bits(v in values(), replicas in 1usize..=9) {
-            prop_assert_eq!(split(&v, replicas).to_bits(), one_replica(&v).to_bits());
+        fn any_replica_and_thread_count_sums_the_same_bits(
+            v in values(), replicas in 1usize..=9, threads in 1usize..=4,
+        ) {
+            let got = split(&v, replicas, threads);
+            prop_assert_eq!(got.to_bits(), one_replica(&v).to_bits());
         }
 
         #[test]

@@ -13,10 +13,10 @@
 use std::collections::HashMap;
 
 use mirra_collectives::Communicator;
-use mirra_device::{trace, DType, Device};
-use mirra_tensor::Tensor;
+use mirra_device::{trace, Buffer, DType, Device};
+use mirra_tensor::{Tensor, TensorError};
 
-use crate::micro_batches::{tree_sum, MicroBatches, Node};
+use crate::micro_batches::{tree_sum, Join, MicroBatches, Node, Sequential};
 use crate::{Result, StrategyError};
 
 /// The gradients and scalars of a step, summed in the tree.
@@ -26,6 +26,26 @@ pub struct TreeSum {
     pub grads: Vec<Tensor>,
     /// The scalars each leaf carried, summed the same way.
     pub scalars: Vec<f64>,
+}
+
+/// One micro-batch's gradients (one tensor per parameter) and scalars (one tensor), or a
+/// sum of them: a value of the tree. Sums are taken tensor by tensor, element by element,
+/// so laying them out flat on the wire changes no bit.
+#[derive(Clone, Debug)]
+pub struct Leaf(Vec<Tensor>);
+
+/// The two halves of a subtree at once on the calling thread's kernel pool.
+struct KernelThreads;
+
+impl Join for KernelThreads {
+    fn join<RA: Send, RB: Send>(
+        &self,
+        split: (usize, usize),
+        a: impl FnOnce() -> RA + Send,
+        b: impl FnOnce() -> RB + Send,
+    ) -> (RA, RB) {
+        mirra_tensor::join(split, a, b)
+    }
 }
 
 /// Sums micro-batch gradients in the fixed tree across replicas (one per replica).
@@ -67,13 +87,14 @@ impl TreeReducer {
         })
     }
 
+    /// Elements of a leaf laid out flat.
     fn leaf_len(&self) -> usize {
         self.grad_len + self.scalars
     }
 
     /// One micro-batch's leaf: its gradients in parameter order (`None`: a parameter its
-    /// loss does not reach, zero) and its scalars, flat.
-    pub fn leaf(&self, grads: Vec<Option<Tensor>>, scalars: &[f64]) -> Result<Tensor> {
+    /// loss does not reach, zero) and its scalars.
+    pub fn leaf(&self, grads: Vec<Option<Tensor>>, scalars: &[f64]) -> Result<Leaf> {
         if grads.len() != self.dims.len() || scalars.len() != self.scalars {
             return Err(StrategyError::Invalid(format!(
                 "deterministic leaf: {} gradients and {} scalars, the reducer holds {} and {}",
@@ -85,134 +106,139 @@ impl TreeReducer {
         }
         let mut parts = Vec::with_capacity(grads.len() + 1);
         for (key, (g, dims)) in grads.into_iter().zip(&self.dims).enumerate() {
-            let n = dims.iter().product();
-            let flat = match g {
-                Some(g) if g.dims() == dims.as_slice() => g.to_dtype(self.dtype)?.reshape(&[n])?,
+            parts.push(match g {
+                Some(g) if g.dims() == dims.as_slice() => g.to_dtype(self.dtype)?,
                 Some(g) => {
                     return Err(StrategyError::Invalid(format!(
                         "gradient of parameter {key} has shape {:?}, the parameter {dims:?}",
                         g.dims()
                     )))
                 }
-                None => Tensor::zeros(&[n], self.dtype, Device::Cpu)?,
-            };
-            parts.push(flat);
+                None => Tensor::zeros(dims, self.dtype, Device::Cpu)?,
+            });
         }
-        parts.push(
-            Tensor::from_vec(scalars.to_vec(), &[self.scalars], Device::Cpu)?
-                .to_dtype(self.dtype)?,
-        );
-        let refs: Vec<&Tensor> = parts.iter().collect();
-        Ok(Tensor::concat(&refs, 0)?)
+        let scalars = Tensor::from_vec(scalars.to_vec(), &[self.scalars], Device::Cpu)?;
+        parts.push(scalars.to_dtype(self.dtype)?);
+        Ok(Leaf(parts))
+    }
+
+    /// `a + b`, tensor by tensor.
+    fn add(a: Leaf, b: Leaf) -> Result<Leaf> {
+        let sums = a.0.iter().zip(&b.0).map(|(x, y)| Ok(x.add(y)?));
+        Ok(Leaf(sums.collect::<Result<_>>()?))
+    }
+
+    /// A leaf laid out flat in `len` elements at `offset` of `flat` (views, no copy).
+    fn unflatten(&self, flat: &Tensor, offset: usize) -> Result<Leaf> {
+        let mut parts = Vec::with_capacity(self.dims.len() + 1);
+        let mut at = offset;
+        for dims in self.dims.iter().chain(std::iter::once(&vec![self.scalars])) {
+            let n: usize = dims.iter().product();
+            parts.push(flat.narrow(0, at, n)?.reshape(dims)?);
+            at += n;
+        }
+        Ok(Leaf(parts))
     }
 
     /// The step's sum over every replica's micro-batches: replica `comm.rank()` of `plan`
-    /// computes its micro-batches' leaves with `leaf(i)` (global micro-batch index, in
-    /// increasing order), sums its subtrees, and takes part in one all-gather.
-    pub fn reduce<E: From<StrategyError>>(
+    /// computes its micro-batches' leaves with `leaf(i)` (global micro-batch index), two
+    /// halves of a subtree at once on its kernel pool when it has `threads` kernel threads
+    /// (each side with its share of the budget), sums its subtrees, and takes part in one
+    /// all-gather.
+    pub fn reduce<E: Send + From<StrategyError>>(
         &self,
         comm: &dyn Communicator,
         plan: &MicroBatches,
-        mut leaf: impl FnMut(usize) -> std::result::Result<Tensor, E>,
+        threads: usize,
+        leaf: &(impl Fn(usize) -> std::result::Result<Leaf, E> + Sync),
     ) -> std::result::Result<TreeSum, E> {
-        self.reduce_inner(comm, plan, &mut leaf)
-    }
-
-    fn reduce_inner<E: From<StrategyError>>(
-        &self,
-        comm: &dyn Communicator,
-        plan: &MicroBatches,
-        leaf: &mut impl FnMut(usize) -> std::result::Result<Tensor, E>,
-    ) -> std::result::Result<TreeSum, E> {
-        if comm.world_size() != plan.replicas() {
+        let (rank, world) = (comm.rank(), comm.world_size());
+        if world != plan.replicas() {
             return Err(StrategyError::Invalid(format!(
-                "deterministic micro-batches planned for {} replicas, the group has {}",
-                plan.replicas(),
-                comm.world_size()
+                "deterministic micro-batches planned for {} replicas, the group has {world}",
+                plan.replicas()
             ))
             .into());
         }
-        let (rank, world) = (comm.rank(), comm.world_size());
         let count = plan.count();
-        let mut add = |a: Tensor, b: Tensor| -> std::result::Result<Tensor, E> {
-            Ok(a.add(&b).map_err(StrategyError::from)?)
+        let add = |a: Leaf, b: Leaf| -> std::result::Result<Leaf, E> { Ok(Self::add(a, b)?) };
+        let leaves = |n: Node| -> std::result::Result<Option<Leaf>, E> {
+            if n.size > 1 {
+                return Ok(None);
+            }
+            let l = leaf(n.first)?;
+            if l.0.len() != self.dims.len() + 1 {
+                return Err(StrategyError::Invalid(format!(
+                    "deterministic leaf of micro-batch {} holds {} tensors, not {}",
+                    n.first,
+                    l.0.len(),
+                    self.dims.len() + 1
+                ))
+                .into());
+            }
+            Ok(Some(l))
         };
-        let strategy = |e: StrategyError| -> E { e.into() };
-        let tensor = |e: mirra_tensor::TensorError| -> E { StrategyError::from(e).into() };
         let mut own = Vec::new();
-        for node in plan.subtrees(rank) {
-            let mut leaves = |n: Node| -> std::result::Result<Option<Tensor>, E> {
-                if n.size > 1 {
-                    return Ok(None);
-                }
-                let t = leaf(n.first)?;
-                if t.dims() != [self.leaf_len()] {
-                    return Err(strategy(StrategyError::Invalid(format!(
-                        "deterministic leaf of micro-batch {} has shape {:?}, not [{}]",
-                        n.first,
-                        t.dims(),
-                        self.leaf_len()
-                    ))));
-                }
-                Ok(Some(t))
-            };
-            own.push((node, tree_sum(node, count, &mut leaves, &mut add)?));
+        {
+            let _span = trace::span("compute", "micro-batches and their subtrees");
+            for node in plan.subtrees(rank) {
+                own.push((
+                    node,
+                    tree_sum(node, count, threads, &leaves, &add, &KernelThreads)?,
+                ));
+            }
         }
-        let mut parts: HashMap<Node, Tensor> = HashMap::new();
+        let mut parts: HashMap<Node, Leaf> = HashMap::new();
         if world == 1 {
             parts.extend(own);
         } else {
             let _span = trace::span("comm", "all-gather the tree's subtrees");
+            let all = self.all_gather(comm, plan, &own)?;
             let slots = plan.max_subtrees();
-            let len = self.leaf_len();
-            let mut send = Vec::with_capacity(slots);
-            for (_, t) in &own {
-                send.push(t.clone());
-            }
-            if own.len() < slots {
-                let pad = Tensor::zeros(&[(slots - own.len()) * len], self.dtype, Device::Cpu);
-                send.push(pad.map_err(tensor)?);
-            }
-            let refs: Vec<&Tensor> = send.iter().collect();
-            let send = unshared(Tensor::concat(&refs, 0).map_err(tensor)?).map_err(strategy)?;
-            let all = Tensor::zeros(&[world * slots * len], self.dtype, Device::Cpu);
-            let mut all = unshared(all.map_err(tensor)?).map_err(strategy)?;
-            comm.all_gather(&send, &mut all)
-                .map_err(|e| strategy(e.into()))?;
-            let all = Tensor::from_buffer(all, &[world * slots * len]).map_err(tensor)?;
             for r in 0..world {
                 for (j, node) in plan.subtrees(r).into_iter().enumerate() {
-                    let part = all.narrow(0, (r * slots + j) * len, len).map_err(tensor)?;
-                    parts.insert(node, part);
+                    let at = (r * slots + j) * self.leaf_len();
+                    parts.insert(node, self.unflatten(&all, at)?);
                 }
             }
         }
-        let mut known = |n: Node| Ok(parts.remove(&n));
-        let total = tree_sum(plan.root(), count, &mut known, &mut add)?;
-        self.split(&total).map_err(strategy)
+        let _span = trace::span("compute", "the top of the tree");
+        let known = |n: Node| Ok(parts.get(&n).cloned());
+        let mut total = tree_sum(plan.root(), count, 1, &known, &add, &Sequential)?.0;
+        let scalars = total.pop().expect("a leaf ends with its scalars");
+        let scalars = scalars.to_dtype(DType::F64).map_err(StrategyError::from)?;
+        Ok(TreeSum {
+            grads: total,
+            scalars: scalars.to_vec::<f64>().map_err(StrategyError::from)?,
+        })
     }
 
-    /// The summed leaf as gradients in their parameters' shapes and scalars.
-    fn split(&self, total: &Tensor) -> Result<TreeSum> {
-        let mut grads = Vec::with_capacity(self.dims.len());
-        let mut offset = 0;
-        for dims in &self.dims {
-            let n: usize = dims.iter().product();
-            grads.push(total.narrow(0, offset, n)?.reshape(dims)?);
-            offset += n;
+    /// Every replica's subtrees, `plan.max_subtrees()` slots of a flat leaf per replica
+    /// in rank order (slots a replica does not fill are never read).
+    fn all_gather(
+        &self,
+        comm: &dyn Communicator,
+        plan: &MicroBatches,
+        own: &[(Node, Leaf)],
+    ) -> Result<Tensor> {
+        let (world, slots, len) = (comm.world_size(), plan.max_subtrees(), self.leaf_len());
+        let mut send =
+            Buffer::alloc(self.dtype, slots * len, Device::Cpu).map_err(TensorError::from)?;
+        let mut at = 0;
+        for (_, leaf) in own {
+            for t in &leaf.0 {
+                let t = t.contiguous()?;
+                let n = t.elem_count();
+                send.copy_range_from(at, t.buffer(), t.layout().offset(), n)
+                    .map_err(TensorError::from)?;
+                at += n;
+            }
         }
-        let scalars = total
-            .narrow(0, self.grad_len, self.scalars)?
-            .to_dtype(DType::F64)?
-            .to_vec::<f64>()?;
-        Ok(TreeSum { grads, scalars })
+        let mut all = Buffer::alloc(self.dtype, world * slots * len, Device::Cpu)
+            .map_err(TensorError::from)?;
+        comm.all_gather(&send, &mut all)?;
+        Ok(Tensor::from_buffer(all, &[world * slots * len])?)
     }
-}
-
-/// A fresh tensor's buffer.
-fn unshared(t: Tensor) -> Result<mirra_device::Buffer> {
-    t.into_buffer()
-        .map_err(|_| StrategyError::Invalid("a fresh tensor is unshared".into()))
 }
 
 #[cfg(test)]
@@ -221,7 +247,7 @@ mod tests {
     use mirra_collectives::cpu_group;
 
     /// Leaves of three micro-batches whose sum depends on the association.
-    fn leaf(reducer: &TreeReducer, i: usize) -> Tensor {
+    fn leaf(reducer: &TreeReducer, i: usize) -> Leaf {
         let g = [1e8f32, 1.0, -1e8, 1.0, 3.0][i % 5] * (1 + i % 3) as f32;
         let w = Tensor::from_vec(vec![g, -g, g * 0.5, 1.0], &[2, 2], Device::Cpu).unwrap();
         reducer
@@ -236,8 +262,9 @@ mod tests {
         ]
     }
 
-    /// The sum of 13 micro-batches as `world` replicas of a `backend` group hold it.
-    fn sum_on(world: usize, backend: &str) -> Vec<(Vec<f32>, Vec<f32>, Vec<f64>)> {
+    /// The sum of 13 micro-batches as `world` replicas of a `backend` group hold it, each
+    /// with `threads` threads.
+    fn sum_on(world: usize, backend: &str, threads: usize) -> Vec<(Vec<f32>, Vec<f32>, Vec<f64>)> {
         let plan = MicroBatches::new(2, 26, world).unwrap();
         let comms = cpu_group(backend, world, mirra_collectives::Config::default()).unwrap();
         std::thread::scope(|s| {
@@ -246,13 +273,15 @@ mod tests {
                 .map(|comm| {
                     s.spawn(move || {
                         let reducer = TreeReducer::new(&params(), 1).unwrap();
-                        let mut asked = Vec::new();
+                        let asked = std::sync::Mutex::new(Vec::new());
                         let sum = reducer
-                            .reduce(comm.as_ref(), &plan, |i| {
-                                asked.push(i);
+                            .reduce(comm.as_ref(), &plan, threads, &|i| {
+                                asked.lock().unwrap().push(i);
                                 Ok::<_, StrategyError>(leaf(&reducer, i))
                             })
                             .unwrap();
+                        let mut asked = asked.into_inner().unwrap();
+                        asked.sort();
                         assert_eq!(asked, plan.owned(comm.rank()).collect::<Vec<_>>());
                         (
                             sum.grads[0].to_vec::<f32>().unwrap(),
@@ -268,12 +297,12 @@ mod tests {
 
     #[test]
     fn every_replica_count_and_backend_sums_one_replicas_bits() {
-        let one = sum_on(1, "ring").remove(0);
+        let one = sum_on(1, "ring", 1).remove(0);
         assert_eq!(one.1, vec![0.0; 3]);
         assert_eq!(one.2, vec![(0..13).map(|i| i as f64 + 0.25).sum::<f64>()]);
         for backend in mirra_collectives::BACKENDS {
-            for world in 2..=8 {
-                for got in sum_on(world, backend) {
+            for (world, threads) in (2..=8).map(|w| (w, 1 + w % 3)).chain([(1, 3)]) {
+                for got in sum_on(world, backend, threads) {
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got.0),

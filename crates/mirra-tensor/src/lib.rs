@@ -30,7 +30,7 @@ pub use ops::{
 };
 pub use shape::{Shape, MAX_RANK};
 pub use tensor::Tensor;
-pub use threads::{num_threads, set_num_threads};
+pub use threads::{join, num_threads, set_num_threads};
 
 /// Paths that [`match_float_dtype!`] expands to in other crates; not part of the API.
 #[doc(hidden)]

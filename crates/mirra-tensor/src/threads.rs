@@ -81,6 +81,36 @@ pub(crate) fn ensure_rayon_pool() {
     }
 }
 
+/// Runs `a` and `b` at once on this thread's kernel pool ([`ensure_rayon_pool`]), `a` on
+/// this thread with a kernel budget of `split.0` threads, `b` on whichever worker takes
+/// it (this one too, when none is free) with `split.1`; each thread's budget is restored
+/// afterwards. For independent pieces of work too small to parallelise inside (a
+/// deterministic replica's micro-batches): the pool's threads are already running, where
+/// a freshly spawned thread may wait for a core until its parent is done.
+pub fn join<RA: Send, RB: Send>(
+    split: (usize, usize),
+    a: impl FnOnce() -> RA + Send,
+    b: impl FnOnce() -> RB + Send,
+) -> (RA, RB) {
+    ensure_rayon_pool();
+    let with_budget = |n: usize, f: &mut dyn FnMut()| {
+        let before = THREADS.with(Cell::get);
+        set_num_threads(n);
+        f();
+        THREADS.with(|t| t.set(before));
+    };
+    let (mut ra, mut rb) = (None, None);
+    let (mut a, mut b) = (Some(a), Some(b));
+    rayon::join(
+        || with_budget(split.0, &mut || ra = a.take().map(|a| a())),
+        || with_budget(split.1, &mut || rb = b.take().map(|b| b())),
+    );
+    (
+        ra.expect("rayon::join ran the first half"),
+        rb.expect("rayon::join ran the second half"),
+    )
+}
+
 /// Elements moved below which a loop stays on the calling thread (waking a parked pool
 /// thread costs 0.1-0.8 ms on the development machines).
 pub(crate) const PARALLEL_MIN: usize = 1 << 20;

@@ -19,7 +19,7 @@ use mirra_device::{trace, Buffer};
 use mirra_nn::{Examples, Loss, Network, Reduction, Role};
 use mirra_optim::Optimizer;
 use mirra_strategy::{
-    split_batch, Communicator, GradientReducer, MicroBatches, MirroredStrategy, TreeReducer,
+    split_batch, Communicator, GradientReducer, Leaf, MicroBatches, MirroredStrategy, TreeReducer,
 };
 use mirra_tensor::{DType, Device, Tensor};
 
@@ -536,16 +536,15 @@ fn deterministic_replica_step(
     step_key: u64,
     comm: &dyn Communicator,
 ) -> Result<(f64, Option<Tensor>)> {
-    let View {
-        net,
-        optimizer,
-        tape,
-        ..
-    } = view;
+    let View { net, optimizer, .. } = view;
     let scale = 1.0 / plan.batch() as f64;
     let first = plan.examples(replica).start;
-    let mut outputs = Vec::new();
-    let sum = tree.reduce(comm, plan, |i| -> Result<Tensor> {
+    let loss_scale = optimizer.loss_scale();
+    let outputs = Mutex::new(Vec::new());
+    let shared: &Network = net;
+    // One micro-batch forward and backward on a tape of its own: the replica's kernel
+    // threads may run two of them at once.
+    let leaf = |i: usize| -> Result<Leaf> {
         let [x, y] = shard.ok_or_else(|| {
             TrainError::Invalid(format!("micro-batch {i} asked of replica {replica}"))
         })?
@@ -556,34 +555,46 @@ fn deterministic_replica_step(
         };
         let rows = plan.examples_of(i);
         let (start, len) = (rows.start - first, rows.len());
+        let tape = Tape::new();
         let out = {
             let _forward = trace::span("compute", "forward");
             let examples = Examples {
                 step_key,
                 first: rows.start,
             };
-            net.forward(tape, x.narrow(0, start, len)?, true, examples)?
+            shared.forward_stateless(&tape, x.narrow(0, start, len)?, true, examples)?
         };
-        let y = y.narrow(0, start, len)?.to_device(net.device())?;
+        let y = y.narrow(0, start, len)?.to_device(shared.device())?;
         let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
+        let seed = match loss_scale {
+            Some(s) => loss.scale(s)?,
+            None => loss.clone(),
+        };
         let mut grads = {
             let _backward = trace::span("compute", "backward");
-            tape.backward(&scaled_loss(&loss, &**optimizer)?)?
+            tape.backward(&seed)?
         };
-        let grads = (0..net.params().len()).map(|k| grads.take(k)).collect();
+        let grads = (0..shared.params().len()).map(|k| grads.take(k)).collect();
         let value = loss.value().to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        outputs.push(out.output.value().clone());
-        drop(out);
-        drop(loss);
-        tape.clear();
+        outputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((i, out.output.value().clone()));
         Ok(tree.leaf(grads, &[value])?)
-    })?;
+    };
+    let threads = mirra_tensor::num_threads();
+    let sum = tree.reduce(comm, plan, threads, &leaf)?;
     let _step = trace::span("optimizer", "optimizer step");
     optimizer.step(net.params_mut(), &sum.grads)?;
     drop(sum.grads);
+    let mut outputs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
+    outputs.sort_by_key(|(i, _)| *i);
     let output = match outputs.is_empty() {
         true => None,
-        false => Some(Tensor::concat(&outputs.iter().collect::<Vec<_>>(), 0)?),
+        false => Some(Tensor::concat(
+            &outputs.iter().map(|(_, o)| o).collect::<Vec<_>>(),
+            0,
+        )?),
     };
     Ok((sum.scalars[0], output))
 }
@@ -1475,6 +1486,54 @@ mod deterministic_tests {
             let got = train_on(&mut wide(threads, replicas), 2, 160, 100, 12);
             let diff = difference(&got, &want);
             assert!(diff.is_none(), "{replicas} x {threads} threads: {diff:?}");
+        }
+    }
+
+    /// Workers (processes under MPI; here threads over one hierarchical group, the groups
+    /// `MirroredStrategy::multi_worker` makes) of 2 replicas each, or of 1 with uneven
+    /// shares: every worker ends every step with one replica's bits.
+    #[test]
+    fn workers_train_with_one_replicas_bits() {
+        let want = train(&mut compile(config(1, "ring", 3)), 3, 20, 7);
+        for (workers, per_worker) in [(2, 2), (3, 1)] {
+            let make = || {
+                let config = mirra_collectives::Config::default();
+                mirra_collectives::hierarchical_group("direct", "ring", workers, per_worker, config)
+                    .unwrap()
+            };
+            let (mut gradients, mut sums) = (make(), make());
+            let strategies: Vec<_> = (0..workers)
+                .map(|_| {
+                    let g = gradients.drain(..per_worker).collect();
+                    let s = sums.drain(..per_worker).collect();
+                    let config = config(per_worker, "ring", 3);
+                    Arc::new(MirroredStrategy::with_communicators(config, g, s).unwrap())
+                })
+                .collect();
+            let got: Vec<Bits> = std::thread::scope(|s| {
+                let handles: Vec<_> = strategies
+                    .into_iter()
+                    .map(|strategy| {
+                        s.spawn(move || {
+                            let built = strategy.scope(net);
+                            let loss = Box::new(SparseCategoricalCrossentropy::default());
+                            let opt = Box::new(Adam::new(0.01));
+                            let metrics: Vec<Box<dyn mirra_nn::Metric>> = vec![];
+                            let mut model =
+                                Model::compile_in(strategy, built, opt, loss, metrics, 1).unwrap();
+                            train(&mut model, 3, 20, 7)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (w, bits) in got.iter().enumerate() {
+                let diff = difference(bits, &want);
+                assert!(
+                    diff.is_none(),
+                    "{workers} x {per_worker}, worker {w}: {diff:?}"
+                );
+            }
         }
     }
 

@@ -109,6 +109,53 @@ fn workers_follow_one_process_and_one_device() {
     }
 }
 
+/// Issue 19 under real MPI: `--deterministic` on 2 workers of 2 replicas and on 3 workers
+/// of 1 ends with one process of one replica's bits: the checkpoint's weights and
+/// optimizer state, and every epoch's loss and validation loss.
+#[test]
+fn deterministic_workers_end_with_one_replicas_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs: [(&str, usize, &[&str]); 3] = [
+        ("1 x 1", 0, &["--replicas", "1"]),
+        ("2 x 2", 2, &["--replicas", "2"]),
+        ("3 x 1", 3, &[]),
+    ];
+    let mut results = Vec::new();
+    for (name, n, extra) in runs {
+        let (file, ckpt) = (
+            format!("{}.json", name.replace(' ', "_")),
+            name.replace(' ', "_"),
+        );
+        let args: Vec<&str> = SETTINGS
+            .iter()
+            .copied()
+            .chain(["--deterministic", "--micro-batch", "8"])
+            .chain(extra.iter().copied())
+            .chain(["--history", &file, "--checkpoint-dir", &ckpt])
+            .collect();
+        let out = run(n, &args, dir.path());
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        let path = dir.path().join(&file);
+        let bits = |key| -> Vec<u64> { history(&path, key).iter().map(|v| v.to_bits()).collect() };
+        let weights = contents(&dir.path().join(&ckpt).join("last.safetensors"));
+        results.push((name, bits("loss"), bits("val_loss"), weights));
+    }
+    let (_, loss, val, weights) = &results[0];
+    for (name, l, v, w) in &results[1..] {
+        assert_eq!((l, v), (loss, val), "{name}: losses against one replica's");
+        let differ: Vec<&String> = w
+            .iter()
+            .zip(weights)
+            .filter(|(a, b)| a != b)
+            .map(|(a, _)| &a.0)
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "{name}: {differ:?} differ from one replica's"
+        );
+    }
+}
+
 /// Rank 0 alone prints the progress and writes the History, TensorBoard logs and
 /// checkpoints; every worker can resume from them.
 #[test]
