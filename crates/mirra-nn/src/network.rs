@@ -53,6 +53,18 @@ pub struct Network {
 /// (empty: unchanged).
 type StateUpdates = Vec<(Range<usize>, Vec<Tensor>)>;
 
+/// Store a pass's state `updates` in `state` (a layer updates its whole state or none).
+fn apply_updates(state: &mut [Tensor], updates: StateUpdates) {
+    for (range, values) in updates {
+        if !values.is_empty() {
+            debug_assert_eq!(range.len(), values.len(), "a layer's whole state");
+            for (slot, v) in state[range].iter_mut().zip(values) {
+                *slot = v;
+            }
+        }
+    }
+}
+
 /// Keras's name for a network of stacked layers: `Sequential::new(layers)`.
 pub type Sequential = Network;
 
@@ -430,26 +442,22 @@ impl Network {
         Ok(out)
     }
 
-    /// [`forward`](Network::forward) on a shared network, for a network without state
-    /// (no batch norm): several threads may run it at once, each on its own tape
-    /// (deterministic mode runs a replica's micro-batches in parallel). A network with
-    /// state is an error naming it: its training pass would update that state.
-    pub fn forward_stateless<'t>(
+    /// [`forward`](Network::forward) on a shared network: several threads may run it at
+    /// once, each on its own tape (a deterministic replica's micro-batches). Returns the
+    /// output and the state the pass leaves (batch norm's moving statistics, updated as
+    /// [`forward`](Network::forward) would store them), for the caller to store with
+    /// [`state_mut`](Network::state_mut).
+    pub fn forward_shared<'t>(
         &self,
         tape: &'t Tape,
         x: Tensor,
         training: bool,
         examples: Examples,
-    ) -> Result<ModelOutput<'t>> {
-        if let Some(name) = self.state_names.first() {
-            return Err(NnError::Config {
-                layer: name.clone(),
-                msg: "a network with state cannot run forward_stateless: its training pass \
-                      updates that state"
-                    .into(),
-            });
-        }
-        Ok(self.run(tape, x, training, examples, true)?.0)
+    ) -> Result<(ModelOutput<'t>, Vec<Tensor>)> {
+        let (out, updates) = self.run(tape, x, training, examples, true)?;
+        let mut state = self.state.clone();
+        apply_updates(&mut state, updates);
+        Ok((out, state))
     }
 
     /// Run the model for inference (no dropout, moving statistics, no parameters tracked
@@ -511,14 +519,7 @@ impl Network {
 
     /// Store the new state values layers gave (an empty list: unchanged).
     fn apply(&mut self, updates: StateUpdates) {
-        for (range, values) in updates {
-            if !values.is_empty() {
-                debug_assert_eq!(range.len(), values.len(), "a layer's whole state");
-                for (slot, v) in self.state[range].iter_mut().zip(values) {
-                    *slot = v;
-                }
-            }
-        }
+        apply_updates(&mut self.state, updates);
     }
 
     fn run<'t>(

@@ -21,6 +21,7 @@
 mod cross_replica;
 mod error;
 mod input;
+mod micro_batch_sums;
 mod micro_batches;
 mod pool;
 mod reducer;
@@ -29,6 +30,7 @@ mod tree_reducer;
 
 pub use error::StrategyError;
 pub use input::split_batch;
+pub use micro_batch_sums::MicroBatchSums;
 pub use micro_batches::{tree_sum, Join, MicroBatches, Node, Sequential, DEFAULT_MICRO_BATCH};
 pub use mirra_collectives::{CollectiveError, Communicator, ReduceOp};
 pub use pool::ReplicaContext;

@@ -13,6 +13,7 @@ use mirra_nn::Network;
 use mirra_tensor::Tensor;
 
 use crate::cross_replica::CrossReplicaSum;
+use crate::micro_batch_sums::MicroBatchSums;
 use crate::pool::{ReplicaContext, ReplicaPool};
 use crate::reducer::DEFAULT_BUCKET_BYTES;
 use crate::{Result, StrategyError};
@@ -201,7 +202,9 @@ pub struct MirroredStrategy {
     /// The id in the whole group of this process's first replica.
     first: usize,
     /// Per replica, the sum across replicas that layers use inside a step.
-    sums: Vec<Arc<CrossReplicaSum>>,
+    sums: Vec<Arc<dyn LinearMap>>,
+    /// The same sums in deterministic mode, over every micro-batch (else empty).
+    micro_sums: Vec<Arc<MicroBatchSums>>,
     config: StrategyConfig,
     threads_per_replica: usize,
 }
@@ -270,10 +273,23 @@ impl MirroredStrategy {
                 )));
             }
         }
-        let sums = sums
-            .into_iter()
-            .map(|c| Arc::new(CrossReplicaSum::new(c)))
-            .collect();
+        // In deterministic mode, synchronised batch norm sums over micro-batches.
+        let (sums, micro_sums): (Vec<Arc<dyn LinearMap>>, _) = match config.deterministic {
+            Some(_) => {
+                let micro: Vec<_> = sums
+                    .into_iter()
+                    .map(|c| Arc::new(MicroBatchSums::new(c)))
+                    .collect();
+                let maps = micro.iter().map(|m| m.clone() as Arc<dyn LinearMap>);
+                (maps.collect(), micro)
+            }
+            None => {
+                let maps = sums
+                    .into_iter()
+                    .map(|c| Arc::new(CrossReplicaSum::new(c)) as Arc<dyn LinearMap>);
+                (maps.collect(), Vec::new())
+            }
+        };
         if config.bucket_bytes == 0 {
             return Err(StrategyError::Invalid(
                 "the gradient bucket size must be at least 1 byte".into(),
@@ -297,6 +313,7 @@ impl MirroredStrategy {
             world,
             first,
             sums,
+            micro_sums,
             config,
             threads_per_replica,
         })
@@ -347,6 +364,13 @@ impl MirroredStrategy {
     /// Deterministic mode's micro-batch size (`None`: the default mode).
     pub fn deterministic(&self) -> Option<usize> {
         self.config.deterministic
+    }
+
+    /// Replica `r`'s sums over every micro-batch of a deterministic step (synchronised
+    /// batch norm's, [`cross_replica_sum`](MirroredStrategy::cross_replica_sum) in
+    /// deterministic mode); `None` in the default mode.
+    pub fn micro_batch_sums(&self, r: usize) -> Option<&Arc<MicroBatchSums>> {
+        self.micro_sums.get(r)
     }
 
     /// Kernel threads each replica computes with.

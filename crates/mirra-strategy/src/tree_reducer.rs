@@ -52,8 +52,6 @@ impl Join for KernelThreads {
 #[derive(Debug)]
 pub struct TreeReducer {
     dims: Vec<Vec<usize>>,
-    /// Elements of the gradients together.
-    grad_len: usize,
     scalars: usize,
     dtype: DType,
 }
@@ -81,15 +79,9 @@ impl TreeReducer {
         }
         Ok(TreeReducer {
             dims: params.iter().map(|p| p.dims().to_vec()).collect(),
-            grad_len: params.iter().map(Tensor::elem_count).sum(),
             scalars,
             dtype,
         })
-    }
-
-    /// Elements of a leaf laid out flat.
-    fn leaf_len(&self) -> usize {
-        self.grad_len + self.scalars
     }
 
     /// One micro-batch's leaf: its gradients in parameter order (`None`: a parameter its
@@ -122,24 +114,6 @@ impl TreeReducer {
         Ok(Leaf(parts))
     }
 
-    /// `a + b`, tensor by tensor.
-    fn add(a: Leaf, b: Leaf) -> Result<Leaf> {
-        let sums = a.0.iter().zip(&b.0).map(|(x, y)| Ok(x.add(y)?));
-        Ok(Leaf(sums.collect::<Result<_>>()?))
-    }
-
-    /// A leaf laid out flat in `len` elements at `offset` of `flat` (views, no copy).
-    fn unflatten(&self, flat: &Tensor, offset: usize) -> Result<Leaf> {
-        let mut parts = Vec::with_capacity(self.dims.len() + 1);
-        let mut at = offset;
-        for dims in self.dims.iter().chain(std::iter::once(&vec![self.scalars])) {
-            let n: usize = dims.iter().product();
-            parts.push(flat.narrow(0, at, n)?.reshape(dims)?);
-            at += n;
-        }
-        Ok(Leaf(parts))
-    }
-
     /// The step's sum over every replica's micro-batches: replica `comm.rank()` of `plan`
     /// computes its micro-batches' leaves with `leaf(i)` (global micro-batch index), two
     /// halves of a subtree at once on its kernel pool when it has `threads` kernel threads
@@ -152,16 +126,8 @@ impl TreeReducer {
         threads: usize,
         leaf: &(impl Fn(usize) -> std::result::Result<Leaf, E> + Sync),
     ) -> std::result::Result<TreeSum, E> {
-        let (rank, world) = (comm.rank(), comm.world_size());
-        if world != plan.replicas() {
-            return Err(StrategyError::Invalid(format!(
-                "deterministic micro-batches planned for {} replicas, the group has {world}",
-                plan.replicas()
-            ))
-            .into());
-        }
         let count = plan.count();
-        let add = |a: Leaf, b: Leaf| -> std::result::Result<Leaf, E> { Ok(Self::add(a, b)?) };
+        let add = |a: Leaf, b: Leaf| -> std::result::Result<Leaf, E> { Ok(a.add(&b)?) };
         let leaves = |n: Node| -> std::result::Result<Option<Leaf>, E> {
             if n.size > 1 {
                 return Ok(None);
@@ -181,30 +147,14 @@ impl TreeReducer {
         let mut own = Vec::new();
         {
             let _span = trace::span("compute", "micro-batches and their subtrees");
-            for node in plan.subtrees(rank) {
-                own.push((
-                    node,
-                    tree_sum(node, count, threads, &leaves, &add, &KernelThreads)?,
-                ));
+            for node in plan.subtrees(comm.rank()) {
+                let sum = tree_sum(node, count, threads, &leaves, &add, &KernelThreads)?;
+                own.push((node, sum));
             }
         }
-        let mut parts: HashMap<Node, Leaf> = HashMap::new();
-        if world == 1 {
-            parts.extend(own);
-        } else {
-            let _span = trace::span("comm", "all-gather the tree's subtrees");
-            let all = self.all_gather(comm, plan, &own)?;
-            let slots = plan.max_subtrees();
-            for r in 0..world {
-                for (j, node) in plan.subtrees(r).into_iter().enumerate() {
-                    let at = (r * slots + j) * self.leaf_len();
-                    parts.insert(node, self.unflatten(&all, at)?);
-                }
-            }
-        }
-        let _span = trace::span("compute", "the top of the tree");
-        let known = |n: Node| Ok(parts.get(&n).cloned());
-        let mut total = tree_sum(plan.root(), count, 1, &known, &add, &Sequential)?.0;
+        let mut dims = self.dims.clone();
+        dims.push(vec![self.scalars]);
+        let mut total = sum_across(comm, plan, own, &dims, self.dtype)?.0;
         let scalars = total.pop().expect("a leaf ends with its scalars");
         let scalars = scalars.to_dtype(DType::F64).map_err(StrategyError::from)?;
         Ok(TreeSum {
@@ -212,20 +162,56 @@ impl TreeReducer {
             scalars: scalars.to_vec::<f64>().map_err(StrategyError::from)?,
         })
     }
+}
 
-    /// Every replica's subtrees, `plan.max_subtrees()` slots of a flat leaf per replica
-    /// in rank order (slots a replica does not fill are never read).
-    fn all_gather(
-        &self,
-        comm: &dyn Communicator,
-        plan: &MicroBatches,
-        own: &[(Node, Leaf)],
-    ) -> Result<Tensor> {
-        let (world, slots, len) = (comm.world_size(), plan.max_subtrees(), self.leaf_len());
-        let mut send =
-            Buffer::alloc(self.dtype, slots * len, Device::Cpu).map_err(TensorError::from)?;
+impl Leaf {
+    /// A value of one tensor.
+    pub fn of(t: Tensor) -> Leaf {
+        Leaf(vec![t])
+    }
+
+    /// Its tensors.
+    pub fn into_tensors(self) -> Vec<Tensor> {
+        self.0
+    }
+
+    /// `self + other`, tensor by tensor, element by element.
+    pub fn add(&self, other: &Leaf) -> Result<Leaf> {
+        let sums = self.0.iter().zip(&other.0).map(|(x, y)| Ok(x.add(y)?));
+        Ok(Leaf(sums.collect::<Result<_>>()?))
+    }
+}
+
+/// The sum of the whole tree on every rank of `comm`: `own` holds this rank's subtrees
+/// ([`MicroBatches::subtrees`], summed), each a [`Leaf`] of tensors of `dims` in `dtype`.
+/// One all-gather gives every rank every rank's subtrees (each sends
+/// `plan.max_subtrees()` slots; slots a rank does not fill are never read), and every
+/// rank sums the top of the tree from them by node, in the same order.
+pub(crate) fn sum_across(
+    comm: &dyn Communicator,
+    plan: &MicroBatches,
+    own: Vec<(Node, Leaf)>,
+    dims: &[Vec<usize>],
+    dtype: DType,
+) -> Result<Leaf> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if world != plan.replicas() {
+        return Err(StrategyError::Invalid(format!(
+            "deterministic micro-batches planned for {} replicas, the group has {world}",
+            plan.replicas()
+        )));
+    }
+    let mut parts: HashMap<Node, Leaf> = HashMap::new();
+    if world == 1 {
+        parts.extend(own);
+    } else {
+        let _span = trace::span("comm", "all-gather the tree's subtrees");
+        let len: usize = dims.iter().map(|d| d.iter().product::<usize>()).sum();
+        let slots = plan.max_subtrees();
+        let mut send = Buffer::alloc(dtype, slots * len, Device::Cpu).map_err(TensorError::from)?;
         let mut at = 0;
-        for (_, leaf) in own {
+        for (node, leaf) in &own {
+            debug_assert!(plan.subtrees(rank).contains(node));
             for t in &leaf.0 {
                 let t = t.contiguous()?;
                 let n = t.elem_count();
@@ -234,11 +220,28 @@ impl TreeReducer {
                 at += n;
             }
         }
-        let mut all = Buffer::alloc(self.dtype, world * slots * len, Device::Cpu)
-            .map_err(TensorError::from)?;
+        let mut all =
+            Buffer::alloc(dtype, world * slots * len, Device::Cpu).map_err(TensorError::from)?;
         comm.all_gather(&send, &mut all)?;
-        Ok(Tensor::from_buffer(all, &[world * slots * len])?)
+        let all = Tensor::from_buffer(all, &[world * slots * len])?;
+        for r in 0..world {
+            for (j, node) in plan.subtrees(r).into_iter().enumerate() {
+                // The slot's tensors: views of the gathered buffer.
+                let mut at = (r * slots + j) * len;
+                let mut tensors = Vec::with_capacity(dims.len());
+                for d in dims {
+                    let n: usize = d.iter().product();
+                    tensors.push(all.narrow(0, at, n)?.reshape(d)?);
+                    at += n;
+                }
+                parts.insert(node, Leaf(tensors));
+            }
+        }
     }
+    let _span = trace::span("compute", "the top of the tree");
+    let known = |n: Node| Ok(parts.get(&n).cloned());
+    let add = |a: Leaf, b: Leaf| a.add(&b);
+    tree_sum(plan.root(), plan.count(), 1, &known, &add, &Sequential)
 }
 
 #[cfg(test)]

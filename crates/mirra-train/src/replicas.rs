@@ -19,7 +19,8 @@ use mirra_device::{trace, Buffer};
 use mirra_nn::{Examples, Loss, Network, Reduction, Role};
 use mirra_optim::Optimizer;
 use mirra_strategy::{
-    split_batch, Communicator, GradientReducer, Leaf, MicroBatches, MirroredStrategy, TreeReducer,
+    split_batch, Communicator, GradientReducer, Leaf, MicroBatchSums, MicroBatches,
+    MirroredStrategy, TreeReducer,
 };
 use mirra_tensor::{DType, Device, Tensor};
 
@@ -395,6 +396,14 @@ impl Mirrors {
             .tree
             .as_ref()
             .expect("deterministic mode has its reducer");
+        // Synchronised batch norm's sums over micro-batches, when the network has it.
+        let synchronised = primary.net.state_roles().contains(&Role::InSync);
+        let sums: Option<Vec<_>> = synchronised.then(|| {
+            (0..self.strategy.local_replicas())
+                .filter_map(|r| self.strategy.micro_batch_sums(r).cloned())
+                .collect()
+        });
+        let sums = sums.as_deref();
         let views = views(primary, &mut self.others, &mut self.reducers);
         let multi_worker = self.strategy.is_multi_worker();
         let results = self.strategy.run(|ctx| {
@@ -403,9 +412,16 @@ impl Mirrors {
                 .unwrap_or_else(|e| e.into_inner());
             let g = ctx.global_replica_id;
             let shard = shards[g].as_deref();
-            let mut result = deterministic_replica_step(
-                &mut view, tree, &plan, g, shard, loss, step_key, ctx.comm,
-            );
+            let step = MicroStep {
+                tree,
+                plan: &plan,
+                replica: g,
+                shard,
+                loss_fn: loss,
+                step_key,
+                sums: sums.map(|s| s[ctx.replica_id].as_ref()),
+            };
+            let mut result = deterministic_replica_step(&mut view, &step, ctx.comm);
             if multi_worker {
                 // Every replica holds the tree's loss; the output rows of every worker.
                 let net = &*view.net;
@@ -511,39 +527,73 @@ fn plan_shards(plan: &MicroBatches, batch: &[Tensor]) -> Result<Vec<Option<Vec<T
         .collect()
 }
 
-/// Deterministic mode's reducer for `net`, which must hold no batch statistics.
+/// Deterministic mode's reducer for `net`, whose batch norm (if any) must be synchronised.
 fn deterministic_reducer(net: &Network) -> Result<TreeReducer> {
-    if let Some(name) = net.state_names().first() {
+    let local = net
+        .state_roles()
+        .iter()
+        .position(|r| *r == Role::ReplicaLocal);
+    if let Some(name) = local.map(|i| &net.state_names()[i]) {
         return Err(TrainError::Invalid(format!(
-            "deterministic mode does not support batch normalization yet (`{name}`): it runs \
-             one micro-batch at a time, and batch statistics couple a batch's examples"
+            "deterministic mode needs synchronised batch normalization (`{name}` is a plain \
+             batch norm's, whose statistics are each replica's own by definition): build \
+             it with BatchNormalization::synchronized"
         )));
     }
     Ok(TreeReducer::new(net.params(), 1)?)
 }
 
+/// What a replica's deterministic step works on besides its state.
+struct MicroStep<'a> {
+    tree: &'a TreeReducer,
+    plan: &'a MicroBatches,
+    /// The replica's global id.
+    replica: usize,
+    /// Its examples: inputs and labels (none without micro-batches).
+    shard: Option<&'a [Tensor]>,
+    loss_fn: &'a dyn Loss,
+    step_key: u64,
+    /// Synchronised batch norm's sums over micro-batches (deterministic mode's).
+    sums: Option<&'a MicroBatchSums>,
+}
+
 /// One replica's part of a deterministic step: each of its micro-batches forward and
-/// backward on its own, summed in the tree with every replica's; then the update. Returns
-/// the step's loss (the tree's, the same on every replica) and this replica's output rows.
-#[allow(clippy::too_many_arguments)]
+/// backward on its own tape, their gradients summed in the tree with every replica's;
+/// then the update. Without batch statistics the replica's kernel threads run two halves
+/// of a subtree at once; with synchronised batch norm (whose statistics need every
+/// micro-batch at each layer) every micro-batch runs on a thread of its own, meeting the
+/// others at each layer's sums ([`MicroBatchSums`]). Returns the step's loss (the tree's,
+/// the same on every replica) and this replica's output rows.
 fn deterministic_replica_step(
     view: &mut View<'_>,
-    tree: &TreeReducer,
-    plan: &MicroBatches,
-    replica: usize,
-    shard: Option<&[Tensor]>,
-    loss_fn: &dyn Loss,
-    step_key: u64,
+    step: &MicroStep<'_>,
     comm: &dyn Communicator,
 ) -> Result<(f64, Option<Tensor>)> {
     let View { net, optimizer, .. } = view;
+    let MicroStep {
+        tree,
+        plan,
+        replica,
+        shard,
+        loss_fn,
+        step_key,
+        sums,
+    } = *step;
     let scale = 1.0 / plan.batch() as f64;
     let first = plan.examples(replica).start;
     let loss_scale = optimizer.loss_scale();
+    if let Some(sums) = sums {
+        sums.begin(*plan);
+        if plan.owned(replica).is_empty() {
+            // Synchronised batch norm's sums still need this replica.
+            net.step_without_examples()?;
+        }
+    }
     let outputs = Mutex::new(Vec::new());
+    // The state the passes leave (synchronised batch norm's moving statistics: the same
+    // from every micro-batch, whose statistics are the global batch's), the first one's.
+    let state = Mutex::new(None);
     let shared: &Network = net;
-    // One micro-batch forward and backward on a tape of its own: the replica's kernel
-    // threads may run two of them at once.
     let leaf = |i: usize| -> Result<Leaf> {
         let [x, y] = shard.ok_or_else(|| {
             TrainError::Invalid(format!("micro-batch {i} asked of replica {replica}"))
@@ -556,13 +606,13 @@ fn deterministic_replica_step(
         let rows = plan.examples_of(i);
         let (start, len) = (rows.start - first, rows.len());
         let tape = Tape::new();
-        let out = {
+        let (out, after) = {
             let _forward = trace::span("compute", "forward");
             let examples = Examples {
                 step_key,
                 first: rows.start,
             };
-            shared.forward_stateless(&tape, x.narrow(0, start, len)?, true, examples)?
+            shared.forward_shared(&tape, x.narrow(0, start, len)?, true, examples)?
         };
         let y = y.narrow(0, start, len)?.to_device(shared.device())?;
         let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
@@ -580,10 +630,30 @@ fn deterministic_replica_step(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((i, out.output.value().clone()));
+        let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.as_ref().is_none_or(|(j, _)| i < *j) {
+            *state = Some((i, after));
+        }
         Ok(tree.leaf(grads, &[value])?)
     };
-    let threads = mirra_tensor::num_threads();
-    let sum = tree.reduce(comm, plan, threads, &leaf)?;
+    let sum = match sums {
+        None => tree.reduce(comm, plan, mirra_tensor::num_threads(), &leaf)?,
+        Some(sums) => {
+            let leaves = Mutex::new(lockstep(sums, plan.owned(replica), &leaf)?);
+            let take = |i: usize| -> Result<Leaf> {
+                let mut leaves = leaves.lock().unwrap_or_else(|e| e.into_inner());
+                leaves
+                    .remove(&i)
+                    .ok_or_else(|| TrainError::Invalid(format!("micro-batch {i} ran twice")))
+            };
+            tree.reduce(comm, plan, 1, &take)?
+        }
+    };
+    if let Some((_, after)) = state.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        for (slot, value) in net.state_mut().iter_mut().zip(after) {
+            *slot = value;
+        }
+    }
     let _step = trace::span("optimizer", "optimizer step");
     optimizer.step(net.params_mut(), &sum.grads)?;
     drop(sum.grads);
@@ -597,6 +667,77 @@ fn deterministic_replica_step(
         )?),
     };
     Ok((sum.scalars[0], output))
+}
+
+/// Every micro-batch of `owned` at once, each on a thread of its own with one kernel
+/// thread, as [`MicroBatchSums`] needs them: their leaves by index. A micro-batch that
+/// fails (or panics) ends the others' waits ([`MicroBatchSums::fail`]); the first failure
+/// by index is the error.
+fn lockstep(
+    sums: &MicroBatchSums,
+    owned: std::ops::Range<usize>,
+    leaf: &(impl Fn(usize) -> Result<Leaf> + Sync),
+) -> Result<std::collections::BTreeMap<usize, Leaf>> {
+    let results: Vec<(usize, Result<Leaf>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = owned
+            .map(|i| {
+                let handle = std::thread::Builder::new()
+                    .name(format!("mirra-micro-batch-{i}"))
+                    .spawn_scoped(s, move || {
+                        mirra_tensor::set_num_threads(1);
+                        let run = || MicroBatchSums::as_micro_batch(i, || leaf(i));
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+                            .unwrap_or_else(|panic| {
+                                Err(TrainError::Invalid(format!(
+                                    "micro-batch {i} panicked: {}",
+                                    mirra_device::sync::panic_message(&panic)
+                                )))
+                            });
+                        if let Err(e) = &result {
+                            sums.fail(format!("micro-batch {i} failed: {e}"));
+                        }
+                        result
+                    });
+                (i, handle)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(i, h)| {
+                let result = match h {
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        Err(TrainError::Invalid(format!("micro-batch {i} panicked")))
+                    }),
+                    Err(e) => {
+                        sums.fail(format!("micro-batch {i}: no thread ({e})"));
+                        Err(TrainError::Invalid(format!(
+                            "could not start a thread for micro-batch {i}: {e}"
+                        )))
+                    }
+                };
+                (i, result)
+            })
+            .collect()
+    });
+    // The failure that caused the others, not the waits it ended.
+    let first_error = results
+        .iter()
+        .position(|(_, r)| {
+            r.as_ref()
+                .is_err_and(|e| !e.to_string().contains("failed:"))
+        })
+        .or_else(|| results.iter().position(|(_, r)| r.is_err()));
+    let mut leaves = std::collections::BTreeMap::new();
+    for (n, (i, r)) in results.into_iter().enumerate() {
+        match r {
+            Ok(l) => {
+                leaves.insert(i, l);
+            }
+            Err(e) if Some(n) == first_error => return Err(e),
+            Err(_) => {}
+        }
+    }
+    Ok(leaves)
 }
 
 /// A replica's output part in inference, on `here` (with the logits when the model ends
@@ -1333,21 +1474,40 @@ mod deterministic_tests {
 
     /// A small network with a convolution, pooling, dropout and dense layers.
     fn net() -> Network {
-        let mut n = Network::new(vec![
-            Box::new(Conv2D::new(4, [3, 3], Activation::Relu).padding(Padding::Same)),
-            Box::new(MaxPooling2D::new([2, 2])),
-            Box::new(Flatten),
-            Box::new(Dropout::new(0.25)),
-            Box::new(Dense::new(8, Activation::Relu)),
-            Box::new(Dense::new(3, Activation::Softmax)),
-        ]);
+        net_with(false)
+    }
+
+    /// [`net`], with synchronised batch norm after the convolution when `sync_bn`.
+    fn net_with(sync_bn: bool) -> Network {
+        let mut layers: Vec<Box<dyn mirra_nn::Layer>> = vec![Box::new(
+            Conv2D::new(4, [3, 3], Activation::Relu).padding(Padding::Same),
+        )];
+        if sync_bn {
+            layers.push(Box::new(mirra_nn::BatchNormalization::new().synchronized()));
+        }
+        let mut n = Network::new(
+            layers
+                .into_iter()
+                .chain([
+                    Box::new(MaxPooling2D::new([2, 2])) as Box<dyn mirra_nn::Layer>,
+                    Box::new(Flatten),
+                    Box::new(Dropout::new(0.25)),
+                    Box::new(Dense::new(8, Activation::Relu)),
+                    Box::new(Dense::new(3, Activation::Softmax)),
+                ])
+                .collect(),
+        );
         n.build(&[6, 6, 1], 11).unwrap();
         n
     }
 
     fn compile(config: StrategyConfig) -> Model {
+        compile_with(config, false)
+    }
+
+    fn compile_with(config: StrategyConfig, sync_bn: bool) -> Model {
         let s = Arc::new(MirroredStrategy::new(config).unwrap());
-        let built = s.scope(net);
+        let built = s.scope(|| net_with(sync_bn));
         let loss = Box::new(SparseCategoricalCrossentropy::default());
         let opt = Box::new(Adam::new(0.01));
         Model::compile_in(s, built, opt, loss, vec![Box::new(Accuracy::new())], 1).unwrap()
@@ -1393,6 +1553,7 @@ mod deterministic_tests {
             let o = out.output.to_vec::<f32>().unwrap();
             outputs.push(o.iter().map(|v| v.to_bits()).collect());
         }
+        // Weights and batch norm's moving statistics, then the optimizer's state.
         let state = model
             .get_weights()
             .into_iter()
@@ -1436,11 +1597,13 @@ mod deterministic_tests {
             micro in 1usize..7,
             batch in 5usize..24,
             last in 1usize..24,
+            sync_bn in proptest::bool::ANY,
         ) {
             let collective = mirra_collectives::BACKENDS[backend];
-            let want = train(&mut compile(config(1, "ring", micro)), 3, batch, last);
-            let got = train(&mut compile(config(replicas, collective, micro)), 3, batch, last);
-            let what = format!("{replicas} replicas ({collective}), micro {micro}");
+            let model = |replicas, collective| compile_with(config(replicas, collective, micro), sync_bn);
+            let want = train(&mut model(1, "ring"), 3, batch, last);
+            let got = train(&mut model(replicas, collective), 3, batch, last);
+            let what = format!("{replicas} replicas ({collective}), micro {micro}, sync bn {sync_bn}");
             prop_assert!(difference(&got, &want).is_none(), "{what}: {:?}", difference(&got, &want));
         }
     }

@@ -386,12 +386,16 @@ fn train(args: &TrainArgs, fault: Option<Fault>) -> Result<(), Failure> {
         None => net.build(&input, args.seed),
     }
     .map_err(|e| run_err(&e))?;
-    if let (true, Some(state)) = (args.deterministic, net.state_names().first()) {
+    let replica_local = net
+        .state_roles()
+        .iter()
+        .position(|r| *r == mirra::nn::Role::ReplicaLocal);
+    if let (true, Some(i)) = (args.deterministic, replica_local) {
         return Err(Failure::Usage(format!(
-            "--deterministic with --model {}: its batch normalization (`{state}`) is not \
-             supported in deterministic mode yet (its statistics couple a batch's examples, \
-             which deterministic mode runs one micro-batch at a time)",
-            args.model
+            "--deterministic with --model {}: its batch normalization (`{}`) keeps statistics \
+             per replica; add --sync-batch-norm, whose statistics are the global batch's",
+            args.model,
+            net.state_names()[i]
         )));
     }
     net.to_device(device).map_err(|e| run_err(&e))?;

@@ -174,7 +174,7 @@ fn bad_arguments_get_one_clear_line_and_exit_2() {
         ),
         (
             &["train", "--deterministic", "--model", "resnet20"],
-            "--deterministic with --model resnet20: its batch normalization",
+            "keeps statistics per replica; add --sync-batch-norm",
         ),
         (
             &[
