@@ -39,6 +39,7 @@ use std::time::Instant;
 use clap::Parser;
 use mirra::collectives::{BACKENDS, NOOP};
 use mirra::data::Mnist;
+use mirra::nn::Policy;
 use mirra::strategy::{
     MirroredStrategy, StrategyConfig, DEFAULT_BUCKET_BYTES, DEFAULT_MICRO_BATCH,
 };
@@ -108,6 +109,10 @@ struct Args {
     /// Gradient bucket sizes in MiB to compare (default: the strategy's, 25).
     #[arg(long, value_delimiter = ',', value_parser = bucket_mb)]
     bucket_mb: Vec<f64>,
+    /// Synchronised batch norm in the models that have batch norm (resnet20), in every
+    /// row: deterministic mode needs it.
+    #[arg(long)]
+    sync_batch_norm: bool,
     /// Deterministic mode's micro-batch size.
     #[arg(long, default_value_t = DEFAULT_MICRO_BATCH,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
@@ -164,16 +169,27 @@ impl Row {
     }
 }
 
+/// The model benchmarked, as `mirra train --model` and `--sync-batch-norm` name it.
+struct BenchModel<'a> {
+    name: &'a str,
+    sync_batch_norm: bool,
+}
+
 /// Samples/s of `model` trained on `mnist` at `global_batch` over `epochs` epochs (the
 /// first a warm-up), and where the timed epochs' distributed steps spent their time.
 fn throughput(
-    model: &str,
+    model: &BenchModel,
     strategy: Option<Arc<MirroredStrategy>>,
     global_batch: usize,
     mnist: &Mnist,
     epochs: usize,
 ) -> Result<(f64, CommStats), String> {
-    let mut model = mnist_train::compile_model(model, strategy)?;
+    let options = mirra::models::Options {
+        sync_batch_norm: model.sync_batch_norm,
+        ..Default::default()
+    };
+    let mut model =
+        mnist_train::compile_model_with(model.name, strategy, Policy::Float32, options)?;
     let data = mirra::recipe::train_pipeline(
         &mnist.train,
         mirra::recipe::Examples::InMemory,
@@ -231,6 +247,10 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         None => Mnist::bundled(),
     }
     .map_err(|e| Failure::run(format!("xtask bench-mirrored: {e}")))?;
+    let model = BenchModel {
+        name: &a.model,
+        sync_batch_norm: a.sync_batch_norm,
+    };
     let before = machine::CpuSnapshot::now();
     set_num_threads(cores);
     let buckets: Vec<f64> = if a.bucket_mb.is_empty() {
@@ -239,7 +259,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         a.bucket_mb.clone()
     };
     let (baseline, _) =
-        throughput(&a.model, None, GLOBAL_BATCH, &mnist, epochs).map_err(Failure::run)?;
+        throughput(&model, None, GLOBAL_BATCH, &mnist, epochs).map_err(Failure::run)?;
     println!(
         "# mirra mirrored-strategy benchmark: MNIST {} on {} examples, {cores} cores; baseline \
          (one device, no strategy, {cores} threads) at batch {GLOBAL_BATCH}: {baseline:.0} samples/s",
@@ -270,7 +290,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             let s = strategy(replicas, NOOP, buckets[0])?;
             for (i, &b) in batches.iter().enumerate() {
                 noop[i] = Some(
-                    throughput(&a.model, Some(Arc::clone(&s)), b, &mnist, epochs)
+                    throughput(&model, Some(Arc::clone(&s)), b, &mnist, epochs)
                         .map_err(Failure::run)?
                         .0,
                 );
@@ -283,7 +303,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             let s = strategy(replicas, backend, bucket)?;
             for (i, &global_batch) in batches.iter().enumerate() {
                 let (samples_per_sec, stats) =
-                    throughput(&a.model, Some(Arc::clone(&s)), global_batch, &mnist, epochs)
+                    throughput(&model, Some(Arc::clone(&s)), global_batch, &mnist, epochs)
                         .map_err(Failure::run)?;
                 let row = Row {
                     replicas,
@@ -348,7 +368,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                         None => config.clone(),
                     };
                     let s = build(config)?;
-                    let (samples, _) = throughput(&a.model, Some(s), GLOBAL_BATCH, &mnist, epochs)
+                    let (samples, _) = throughput(&model, Some(s), GLOBAL_BATCH, &mnist, epochs)
                         .map_err(Failure::run)?;
                     out.push(samples);
                 }
@@ -449,6 +469,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         "machine": machine::facts(),
         "quick": a.quick,
         "model": format!("mnist-{}", a.model),
+        "sync_batch_norm": a.sync_batch_norm,
         "train_examples": mnist.train.len(),
         "epochs": epochs,
         "baseline_samples_per_sec": num(baseline, 1),

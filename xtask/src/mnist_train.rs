@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use mirra::data::{Dataset, Mnist};
 use mirra::device::pool_stats;
+use mirra::models::Options;
 use mirra::nn::loss::SparseCategoricalCrossentropy;
 use mirra::nn::{Accuracy, Metric, Policy};
 use mirra::optim::Adam;
@@ -146,7 +147,7 @@ pub fn compile(strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String>
 
 /// [`compile`] for the model `mirra train --model name` trains.
 pub fn compile_model(name: &str, strategy: Option<Arc<MirroredStrategy>>) -> Result<Model, String> {
-    compile_model_as(name, strategy, Policy::Float32)
+    compile_model_with(name, strategy, Policy::Float32, Options::default())
 }
 
 /// [`compile_model`] under the dtype `policy`, as `mirra train --precision` compiles it
@@ -156,9 +157,18 @@ pub fn compile_model_as(
     strategy: Option<Arc<MirroredStrategy>>,
     policy: Policy,
 ) -> Result<Model, String> {
+    compile_model_with(name, strategy, policy, Options::default())
+}
+
+/// [`compile_model_as`] with the models' `options` (synchronised batch norm).
+pub fn compile_model_with(
+    name: &str,
+    strategy: Option<Arc<MirroredStrategy>>,
+    policy: Policy,
+    options: Options,
+) -> Result<Model, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let build = || {
-        let options = mirra::models::Options::default();
         let mut net =
             mirra::models::by_name(name, options).ok_or_else(|| mirra::nn::NnError::Config {
                 layer: name.to_string(),

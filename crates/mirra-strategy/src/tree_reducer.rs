@@ -182,11 +182,18 @@ impl Leaf {
     }
 }
 
+/// Leaves of at least this many elements per rank have the top of their tree summed in
+/// chunks, one per rank (see [`sum_across`]); below, every rank sums all of it.
+const CHUNKED_TOP_MIN: usize = 1 << 14;
+
 /// The sum of the whole tree on every rank of `comm`: `own` holds this rank's subtrees
 /// ([`MicroBatches::subtrees`], summed), each a [`Leaf`] of tensors of `dims` in `dtype`.
 /// One all-gather gives every rank every rank's subtrees (each sends
-/// `plan.max_subtrees()` slots; slots a rank does not fill are never read), and every
-/// rank sums the top of the tree from them by node, in the same order.
+/// `plan.max_subtrees()` slots; slots a rank does not fill are never read). The top of the
+/// tree is then summed by node, in the same order: for large leaves each rank sums one
+/// chunk of the elements and a second all-gather shares the chunks (reduce-scatter's
+/// division of the work; an element's sum is the same whoever computes it), for small ones
+/// every rank sums all of it.
 pub(crate) fn sum_across(
     comm: &dyn Communicator,
     plan: &MicroBatches,
@@ -201,13 +208,19 @@ pub(crate) fn sum_across(
             plan.replicas()
         )));
     }
-    let mut parts: HashMap<Node, Leaf> = HashMap::new();
+    let add = |a: Leaf, b: Leaf| a.add(&b);
+    let top = |parts: HashMap<Node, Leaf>| {
+        let _span = trace::span("compute", "the top of the tree");
+        let known = |n: Node| Ok(parts.get(&n).cloned());
+        tree_sum(plan.root(), plan.count(), 1, &known, &add, &Sequential)
+    };
     if world == 1 {
-        parts.extend(own);
-    } else {
+        return top(own.into_iter().collect());
+    }
+    let len: usize = dims.iter().map(|d| d.iter().product::<usize>()).sum();
+    let slots = plan.max_subtrees();
+    let all = {
         let _span = trace::span("comm", "all-gather the tree's subtrees");
-        let len: usize = dims.iter().map(|d| d.iter().product::<usize>()).sum();
-        let slots = plan.max_subtrees();
         let mut send = Buffer::alloc(dtype, slots * len, Device::Cpu).map_err(TensorError::from)?;
         let mut at = 0;
         for (node, leaf) in &own {
@@ -223,25 +236,51 @@ pub(crate) fn sum_across(
         let mut all =
             Buffer::alloc(dtype, world * slots * len, Device::Cpu).map_err(TensorError::from)?;
         comm.all_gather(&send, &mut all)?;
-        let all = Tensor::from_buffer(all, &[world * slots * len])?;
+        Tensor::from_buffer(all, &[world * slots * len])?
+    };
+    // Every rank's slots, as elements `range` of each flat leaf.
+    let slots_of = |range: std::ops::Range<usize>| -> Result<HashMap<Node, Tensor>> {
+        let mut parts = HashMap::new();
         for r in 0..world {
             for (j, node) in plan.subtrees(r).into_iter().enumerate() {
-                // The slot's tensors: views of the gathered buffer.
-                let mut at = (r * slots + j) * len;
-                let mut tensors = Vec::with_capacity(dims.len());
-                for d in dims {
-                    let n: usize = d.iter().product();
-                    tensors.push(all.narrow(0, at, n)?.reshape(d)?);
-                    at += n;
-                }
-                parts.insert(node, Leaf(tensors));
+                let at = (r * slots + j) * len + range.start;
+                parts.insert(node, all.narrow(0, at, range.len())?);
             }
         }
+        Ok(parts)
+    };
+    // The flat sum as tensors of `dims` (views).
+    let shaped = |flat: &Tensor| -> Result<Leaf> {
+        let mut at = 0;
+        let mut tensors = Vec::with_capacity(dims.len());
+        for d in dims {
+            let n: usize = d.iter().product();
+            tensors.push(flat.narrow(0, at, n)?.reshape(d)?);
+            at += n;
+        }
+        Ok(Leaf(tensors))
+    };
+    let one = |t: Tensor| Leaf(vec![t]);
+    if len < CHUNKED_TOP_MIN * world {
+        let parts = slots_of(0..len)?.into_iter().map(|(n, t)| (n, one(t)));
+        let total = top(parts.collect())?;
+        return shaped(&total.0[0]);
     }
-    let _span = trace::span("compute", "the top of the tree");
-    let known = |n: Node| Ok(parts.get(&n).cloned());
-    let add = |a: Leaf, b: Leaf| a.add(&b);
-    tree_sum(plan.root(), plan.count(), 1, &known, &add, &Sequential)
+    // This rank's chunk of the top, then every rank's chunk.
+    let chunk = len.div_ceil(world);
+    let mine = (rank * chunk).min(len)..((rank + 1) * chunk).min(len);
+    let parts = slots_of(mine.clone())?
+        .into_iter()
+        .map(|(n, t)| (n, one(t)));
+    let sum = top(parts.collect())?;
+    let _span = trace::span("comm", "all-gather the top's chunks");
+    let mut send = Buffer::alloc(dtype, chunk, Device::Cpu).map_err(TensorError::from)?;
+    let t = sum.0[0].contiguous()?;
+    send.copy_range_from(0, t.buffer(), t.layout().offset(), mine.len())
+        .map_err(TensorError::from)?;
+    let mut total = Buffer::alloc(dtype, world * chunk, Device::Cpu).map_err(TensorError::from)?;
+    comm.all_gather(&send, &mut total)?;
+    shaped(&Tensor::from_buffer(total, &[world * chunk])?)
 }
 
 #[cfg(test)]
@@ -314,6 +353,47 @@ mod tests {
                     );
                     assert_eq!(got.2, one.2);
                 }
+            }
+        }
+    }
+
+    /// A leaf large enough for the top of the tree to be summed in chunks (70,001
+    /// elements: 2-4 ranks chunk it) gives one replica's bits too.
+    #[test]
+    fn a_large_leaf_summed_in_chunks_has_one_replicas_bits() {
+        let n = 70_000;
+        let params = [Tensor::zeros(&[n], DType::F32, Device::Cpu).unwrap()];
+        let sum_on = |world: usize| -> Vec<Vec<u32>> {
+            let plan = MicroBatches::new(1, 7, world).unwrap();
+            let comms = cpu_group("ring", world, mirra_collectives::Config::default()).unwrap();
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms
+                    .into_iter()
+                    .map(|comm| {
+                        let params = &params;
+                        s.spawn(move || {
+                            let reducer = TreeReducer::new(params, 1).unwrap();
+                            let leaf = |i: usize| {
+                                let v: Vec<f32> = (0..n)
+                                    .map(|k| [1e8f32, 1.0, -1e8, 3.0][(k + i) % 4] * (i + 1) as f32)
+                                    .collect();
+                                let g = Tensor::from_vec(v, &[n], Device::Cpu)?;
+                                reducer.leaf(vec![Some(g)], &[i as f64])
+                            };
+                            let sum = reducer.reduce(comm.as_ref(), &plan, 1, &leaf).unwrap();
+                            let g = sum.grads[0].to_vec::<f32>().unwrap();
+                            g.iter().map(|x| x.to_bits()).collect()
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            })
+        };
+        let one = sum_on(1).remove(0);
+        for world in 2..=4 {
+            assert!(70_001 >= CHUNKED_TOP_MIN * world, "{world} ranks chunk it");
+            for got in sum_on(world) {
+                assert!(got == one, "{world} ranks");
             }
         }
     }
