@@ -25,7 +25,8 @@
 //!
 //! Deterministic mode (issue 19) is measured beside the default mode at every replica
 //! count: the same strategy (`ring`, the global batch) with and without
-//! `StrategyConfig::with_deterministic`, alternating over 5 rounds, the median of each,
+//! `StrategyConfig::with_deterministic`, alternating over 5 rounds (`--rounds`), the
+//! median of each,
 //! and their ratio against the goal of 0.85 (within 15%).
 //!
 //! `--model resnet20` measures ResNet-20 instead (0.27M parameters in 65 tensors, so its
@@ -67,9 +68,6 @@ pub const TARGET_EXPOSED_2: f64 = 0.10;
 pub const TARGET_RSS_4_MIB: f64 = 100.0;
 /// Deterministic mode's samples/s, at least this share of the default mode's (issue 19).
 pub const TARGET_DETERMINISTIC_SHARE: f64 = 0.85;
-/// Rounds of the deterministic comparison, each mode once per round.
-const DETERMINISTIC_ROUNDS: usize = 5;
-
 /// The median of `v` (sorted in place).
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -117,6 +115,11 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_MICRO_BATCH,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     micro_batch: usize,
+    /// Rounds of the deterministic comparison (each mode once per round, alternating; the
+    /// median of each).
+    #[arg(long, default_value_t = 5,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    rounds: usize,
     /// Skip the deterministic-mode rows.
     #[arg(long)]
     no_deterministic: bool,
@@ -361,7 +364,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
             // steps of a millisecond, and this machine's neighbours come and go.
             let config = StrategyConfig::cpu(replicas).with_collective("ring");
             let (mut default, mut det) = (vec![], vec![]);
-            for _ in 0..DETERMINISTIC_ROUNDS {
+            for _ in 0..a.rounds {
                 for (mode, out) in [(None, &mut default), (Some(a.micro_batch), &mut det)] {
                     let config = match mode {
                         Some(m) => config.clone().with_deterministic(m),
@@ -488,6 +491,7 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
         })).collect::<Vec<Value>>(),
         "peak_rss_4_replicas_mib": rss4.map(|x| num(x, 1)),
         "deterministic_micro_batch": a.micro_batch,
+        "deterministic_rounds": a.rounds,
         "deterministic": deterministic.iter().map(|&(replicas, default, det)| json!({
             "replicas": replicas,
             "default_samples_per_sec": num(default, 1),
