@@ -307,7 +307,7 @@ impl Mirrors {
                 step_key,
                 first: ctx.global_replica_id * per_replica,
             };
-            let mut result = replica_step(
+            let result = replica_step(
                 &mut view,
                 shards[ctx.global_replica_id].as_deref(),
                 loss,
@@ -316,28 +316,9 @@ impl Mirrors {
                 ctx.comm,
                 examples,
             );
-            if multi_worker {
-                // The whole batch's loss and output, from every worker, on every replica.
-                let net = &*view.net;
-                result = result.and_then(|(part, out)| {
-                    let total = sum_over_replicas(ctx.comm, part)?;
-                    let (shape, dtype) = (net.output_shape(), net.dtype());
-                    let rows = Rows {
-                        batch,
-                        per: per_replica,
-                        shape,
-                    };
-                    let output = gather_rows(ctx.comm, out.as_ref(), rows, dtype)?;
-                    Ok((total, Some(output)))
-                });
-            }
-            if result.is_err() {
-                // The others would wait for this replica's gradients until the deadline:
-                // abort the group so that they fail at once. Training cannot go on after
-                // a failed step anyway (the replicas would no longer agree).
-                ctx.comm.abort_handle().abort();
-            }
-            result
+            // Across workers, the loss parts summed over every replica.
+            let across = multi_worker.then_some((per_replica, true));
+            settle(ctx.comm, view.net, batch, across, result)
         })?;
         drop(views);
         let results = first_cause(results.into_values())?;
@@ -421,24 +402,10 @@ impl Mirrors {
                 step_key,
                 sums: sums.map(|s| s[ctx.replica_id].as_ref()),
             };
-            let mut result = deterministic_replica_step(&mut view, &step, ctx.comm);
-            if multi_worker {
-                // Every replica holds the tree's loss; the output rows of every worker.
-                let net = &*view.net;
-                result = result.and_then(|(total, out)| {
-                    let rows = Rows {
-                        batch,
-                        per: plan.per_replica() * micro,
-                        shape: net.output_shape(),
-                    };
-                    let output = gather_rows(ctx.comm, out.as_ref(), rows, net.dtype())?;
-                    Ok((total, Some(output)))
-                });
-            }
-            if result.is_err() {
-                ctx.comm.abort_handle().abort();
-            }
-            result
+            let result = deterministic_replica_step(&mut view, &step, ctx.comm);
+            // Every replica holds the tree's loss already.
+            let across = multi_worker.then_some((plan.per_replica() * micro, false));
+            settle(ctx.comm, view.net, batch, across, result)
         })?;
         drop(views);
         let results = first_cause(results.into_values())?;
@@ -454,6 +421,40 @@ impl Mirrors {
         let output = concat_outputs(results.into_iter().map(|(_, o)| o), here)?;
         Ok((total, output))
     }
+}
+
+/// A replica's result of a step (its loss, or loss part, and its output rows) as `step`
+/// gathers it. Under a strategy that spans workers (`across`: `per` rows per replica, and
+/// whether the loss is a part to sum over every replica) the whole `batch`'s output rows,
+/// from every worker, on every replica. A failed step aborts the group: the others would
+/// wait for this replica until the deadline, and training cannot go on after a failed step
+/// anyway (the replicas would no longer agree).
+fn settle(
+    comm: &dyn Communicator,
+    net: &Network,
+    batch: usize,
+    across: Option<(usize, bool)>,
+    result: Result<(f64, Option<Tensor>)>,
+) -> Result<(f64, Option<Tensor>)> {
+    let result = match across {
+        None => result,
+        Some((per, sum)) => result.and_then(|(loss, out)| {
+            let loss = match sum {
+                true => sum_over_replicas(comm, loss)?,
+                false => loss,
+            };
+            let shape = net.output_shape();
+            let rows = Rows { batch, per, shape };
+            Ok((
+                loss,
+                Some(gather_rows(comm, out.as_ref(), rows, net.dtype())?),
+            ))
+        }),
+    };
+    if result.is_err() {
+        comm.abort_handle().abort();
+    }
+    result
 }
 
 /// Each replica's step view: replica 0's state lent by the model, then the others'.
