@@ -31,7 +31,9 @@ mod tree_reducer;
 pub use error::StrategyError;
 pub use input::split_batch;
 pub use micro_batch_sums::MicroBatchSums;
-pub use micro_batches::{tree_sum, Join, MicroBatches, Node, Sequential, DEFAULT_MICRO_BATCH};
+pub use micro_batches::{
+    default_micro_batch, tree_sum, Join, MicroBatches, Node, Sequential, DEFAULT_MICRO_BATCHES,
+};
 pub use mirra_collectives::{CollectiveError, Communicator, ReduceOp};
 pub use pool::ReplicaContext;
 pub use reducer::{GradientReducer, DEFAULT_BUCKET_BYTES};

@@ -24,10 +24,17 @@ use std::ops::Range;
 
 use crate::{Result, StrategyError};
 
-/// The micro-batch size `mirra train --deterministic` uses unless told: small enough that
-/// a global batch of 128 keeps 8 replicas busy, large enough for matrix products of 16
-/// rows.
-pub const DEFAULT_MICRO_BATCH: usize = 16;
+/// The micro-batches a global batch is cut into when the micro-batch size is not given
+/// ([`default_micro_batch`]): enough to keep 8 replicas busy.
+pub const DEFAULT_MICRO_BATCHES: usize = 8;
+
+/// The micro-batch size `mirra train --deterministic` uses for a global batch of
+/// `global_batch` unless told: an eighth of it, rounded up. It is fixed for the run (the
+/// configured batch, not a partial last one), and it decides the results, as any
+/// micro-batch size does; the replica count does not.
+pub fn default_micro_batch(global_batch: usize) -> usize {
+    global_batch.div_ceil(DEFAULT_MICRO_BATCHES).max(1)
+}
 
 /// A node of the tree over micro-batch indices: the micro-batches `first .. first + size`
 /// that exist (those below the step's count).

@@ -99,7 +99,7 @@ impl TreeReducer {
         let mut parts = Vec::with_capacity(grads.len() + 1);
         for (key, (g, dims)) in grads.into_iter().zip(&self.dims).enumerate() {
             parts.push(match g {
-                Some(g) if g.dims() == dims.as_slice() => g.to_dtype(self.dtype)?,
+                Some(g) if g.dims() == dims.as_slice() => g.to_dtype(self.dtype)?.contiguous()?,
                 Some(g) => {
                     return Err(StrategyError::Invalid(format!(
                         "gradient of parameter {key} has shape {:?}, the parameter {dims:?}",

@@ -261,8 +261,8 @@ pub struct TrainArgs {
     /// norm. Costs the overlap of backward with communication and small matrix products.
     #[arg(long)]
     pub deterministic: bool,
-    /// Deterministic mode's micro-batch size (default 16): the results depend on it (and
-    /// not on --replicas). Needs --deterministic.
+    /// Deterministic mode's micro-batch size (default: an eighth of --batch-size, rounded
+    /// up): the results depend on it (and not on --replicas). Needs --deterministic.
     #[arg(long, value_name = "M", value_parser = positive)]
     pub micro_batch: Option<usize>,
     /// Scale the learning rate linearly with the global batch size, from a base batch of
@@ -324,7 +324,7 @@ impl TrainArgs {
     pub fn deterministic_micro_batch(&self) -> Option<usize> {
         self.deterministic.then(|| {
             self.micro_batch
-                .unwrap_or(mirra::strategy::DEFAULT_MICRO_BATCH)
+                .unwrap_or_else(|| mirra::strategy::default_micro_batch(self.batch_size))
         })
     }
 
