@@ -1473,12 +1473,8 @@ mod deterministic_tests {
 
     use crate::Model;
 
-    /// A small network with a convolution, pooling, dropout and dense layers.
-    fn net() -> Network {
-        net_with(false)
-    }
-
-    /// [`net`], with synchronised batch norm after the convolution when `sync_bn`.
+    /// A small network with a convolution, pooling, dropout and dense layers, and
+    /// synchronised batch norm after the convolution when `sync_bn`.
     fn net_with(sync_bn: bool) -> Network {
         let mut layers: Vec<Box<dyn mirra_nn::Layer>> = vec![Box::new(
             Conv2D::new(4, [3, 3], Activation::Relu).padding(Padding::Same),
@@ -1658,7 +1654,14 @@ mod deterministic_tests {
     /// shares: every worker ends every step with one replica's bits.
     #[test]
     fn workers_train_with_one_replicas_bits() {
-        let want = train(&mut compile(config(1, "ring", 3)), 3, 20, 7);
+        for sync_bn in [false, true] {
+            workers_train_with_one_replicas_bits_with(sync_bn);
+        }
+    }
+
+    /// [`workers_train_with_one_replicas_bits`], with synchronised batch norm or not.
+    fn workers_train_with_one_replicas_bits_with(sync_bn: bool) {
+        let want = train(&mut compile_with(config(1, "ring", 3), sync_bn), 3, 20, 7);
         for (workers, per_worker) in [(2, 2), (3, 1)] {
             let make = || {
                 let config = mirra_collectives::Config::default();
@@ -1679,7 +1682,7 @@ mod deterministic_tests {
                     .into_iter()
                     .map(|strategy| {
                         s.spawn(move || {
-                            let built = strategy.scope(net);
+                            let built = strategy.scope(|| net_with(sync_bn));
                             let loss = Box::new(SparseCategoricalCrossentropy::default());
                             let opt = Box::new(Adam::new(0.01));
                             let metrics: Vec<Box<dyn mirra_nn::Metric>> = vec![];
