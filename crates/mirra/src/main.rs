@@ -257,8 +257,9 @@ pub struct TrainArgs {
     /// bitwise those of one replica, for any --replicas (and MPI workers of one CPU type).
     /// The global batch is cut into micro-batches of --micro-batch examples, each run
     /// forward and backward on its own, their gradients summed in one fixed pairwise tree
-    /// over the micro-batch index. Host replicas, f32 gradients, models without batch
-    /// norm. Costs the overlap of backward with communication and small matrix products.
+    /// over the micro-batch index. Host replicas, f32 gradients, batch norm only
+    /// synchronised (--sync-batch-norm). Costs the overlap of backward with communication,
+    /// smaller matrix products and one addition of the gradients per micro-batch.
     #[arg(long)]
     pub deterministic: bool,
     /// Deterministic mode's micro-batch size (default: an eighth of --batch-size, rounded
