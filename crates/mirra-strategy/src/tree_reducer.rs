@@ -1,14 +1,16 @@
 //! [`TreeReducer`]: deterministic mode's gradient sum, in the fixed tree of
 //! [`micro_batches`](crate::MicroBatches), across replicas.
 //!
-//! Each micro-batch's gradients (and the step's scalars beside them, such as its loss) are
-//! laid out in one flat tensor, a leaf of the tree. A replica sums its own subtrees; one
-//! all-gather gives every replica every replica's subtrees (each sends as many slots as the
-//! replica that owns the most, unused slots zero and never read); every replica then sums
-//! the top of the tree from them by node, in the same order, so all of them hold the bits
-//! one replica summing every micro-batch alone would. The cost against the bucketed
-//! all-reduce: nothing overlaps backward, and each replica receives every replica's
-//! subtrees (`replicas × slots` gradients' bytes) instead of a ring's two passes.
+//! Each micro-batch's gradients, with the step's scalars beside them (its loss), are a
+//! [`Leaf`] of the tree: one tensor per parameter, added element by element, laid out flat
+//! only on the wire. A replica sums its own subtrees (two halves at once on its kernel
+//! pool); one all-gather gives every replica every replica's subtrees, each sending as
+//! many slots as the replica that owns the most (slots it does not fill are never read);
+//! the top of the tree is then summed by node, in the same order everywhere
+//! ([`sum_across`]), so every replica holds the bits one replica summing every micro-batch
+//! alone would. The cost against the bucketed all-reduce: nothing overlaps backward, one
+//! addition of the gradients per micro-batch, and each replica receives every replica's
+//! subtrees (`replicas × slots` gradients' bytes) where a ring moves two passes' worth.
 
 use std::collections::HashMap;
 
