@@ -101,7 +101,9 @@ impl TreeReducer {
         let mut parts = Vec::with_capacity(grads.len() + 1);
         for (key, (g, dims)) in grads.into_iter().zip(&self.dims).enumerate() {
             parts.push(match g {
-                Some(g) if g.dims() == dims.as_slice() => g.to_dtype(self.dtype)?.contiguous()?,
+                // A transposed weight gradient stays a view: sums of views with one
+                // layout run over their buffers (`Tensor::binary`).
+                Some(g) if g.dims() == dims.as_slice() => g.to_dtype(self.dtype)?,
                 Some(g) => {
                     return Err(StrategyError::Invalid(format!(
                         "gradient of parameter {key} has shape {:?}, the parameter {dims:?}",
@@ -159,8 +161,12 @@ impl TreeReducer {
         let mut total = sum_across(comm, plan, own, &dims, self.dtype)?.0;
         let scalars = total.pop().expect("a leaf ends with its scalars");
         let scalars = scalars.to_dtype(DType::F64).map_err(StrategyError::from)?;
+        // Contiguous for the optimizer (a copy only of a view, once per step).
+        let grads = total.iter().map(Tensor::contiguous);
         Ok(TreeSum {
-            grads: total,
+            grads: grads
+                .collect::<std::result::Result<_, _>>()
+                .map_err(StrategyError::from)?,
             scalars: scalars.to_vec::<f64>().map_err(StrategyError::from)?,
         })
     }

@@ -10,7 +10,7 @@ use num_traits::{Float, FloatConst};
 use super::cuda;
 use super::nan::{max_nan, min_nan};
 use crate::dispatch::with_float;
-use crate::layout::for_each_row;
+use crate::layout::{for_each_row, Layout};
 use crate::{Result, Shape, Tensor, TensorError, MAX_RANK};
 
 /// The error function, for GELU, in the accumulation type.
@@ -200,6 +200,19 @@ impl Tensor {
         if !self.device().is_cpu() || !rhs.device().is_cpu() {
             return cuda::binary(op.name(), op.cuda_kernel(), self, rhs, &shape);
         }
+        // Two views with the same permutation of whole buffers (transposed gradients, say):
+        // the op over the buffers in storage order, the view kept. An element-wise op's
+        // value at a position does not depend on the order the positions are visited.
+        let len = self.buffer().len();
+        if self.layout() == rhs.layout()
+            && rhs.buffer().len() == len
+            && self.layout().is_dense_permutation(len)
+        {
+            let whole = Layout::contiguous(Shape::new(&[len])?);
+            let flat = (self.with_layout(whole), rhs.with_layout(whole));
+            let out = flat.0.binary(op, &flat.1)?;
+            return Ok(out.with_layout(*self.layout()));
+        }
         with_float!(op.name(), self.dtype(), T => run_binary::<T>(op, self, rhs, &shape))
     }
 
@@ -320,6 +333,45 @@ mod tests {
 
     fn t(v: &[f32], s: &[usize]) -> Tensor {
         Tensor::from_slice(v, s, Device::Cpu).unwrap()
+    }
+
+    /// Two views with the same permutation of whole buffers are combined over their
+    /// buffers in storage order and keep the view: the values of the op on contiguous
+    /// copies, at every position; views that differ, or skip part of a buffer, take the
+    /// strided path.
+    #[test]
+    fn permuted_views_combine_over_their_buffers_with_the_same_values() {
+        let a: Vec<f32> = (0..24).map(|v| v as f32 * 1.37 - 9.0).collect();
+        let b: Vec<f32> = (0..24).map(|v| (v * 7 % 11) as f32 * 0.3 + 1.0).collect();
+        let (a, b) = (t(&a, &[2, 3, 4]), t(&b, &[2, 3, 4]));
+        for perm in [[2, 0, 1], [1, 2, 0], [0, 2, 1]] {
+            let (pa, pb) = (a.permute(&perm).unwrap(), b.permute(&perm).unwrap());
+            let want = pa
+                .contiguous()
+                .unwrap()
+                .div(&pb.contiguous().unwrap())
+                .unwrap();
+            let got = pa.div(&pb).unwrap();
+            assert_eq!(got.layout(), pa.layout(), "{perm:?}: the view is kept");
+            assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            // A contiguous right-hand side (another layout): the strided path, same values.
+            let mixed = pa.div(&pb.contiguous().unwrap()).unwrap();
+            assert_eq!(
+                mixed.to_vec::<f32>().unwrap(),
+                want.to_vec::<f32>().unwrap()
+            );
+        }
+        // A view inside a buffer (a narrowed transpose) is not a whole buffer.
+        let part = a
+            .reshape(&[6, 4])
+            .unwrap()
+            .narrow(0, 1, 4)
+            .unwrap()
+            .t()
+            .unwrap();
+        let sum = part.add(&part).unwrap();
+        let want = part.contiguous().unwrap().scale(2.0).unwrap();
+        assert_eq!(sum.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
     }
 
     #[test]
