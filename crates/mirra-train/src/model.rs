@@ -443,7 +443,7 @@ impl Model {
             let _backward = trace::span("compute", "backward");
             let mut grads = self
                 .tape
-                .backward(&scaled_loss(&loss, self.optimizer.as_ref())?)?;
+                .backward(&scaled_loss(&loss, self.optimizer.loss_scale())?)?;
             self.grads.clear();
             for (i, p) in self.net.params().iter().enumerate() {
                 // A parameter the loss does not reach gets a zero gradient, as in Keras.

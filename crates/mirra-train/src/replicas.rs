@@ -617,13 +617,9 @@ fn deterministic_replica_step(
         };
         let y = y.narrow(0, start, len)?.to_device(shared.device())?;
         let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
-        let seed = match loss_scale {
-            Some(s) => loss.scale(s)?,
-            None => loss.clone(),
-        };
         let mut grads = {
             let _backward = trace::span("compute", "backward");
-            tape.backward(&seed)?
+            tape.backward(&scaled_loss(&loss, loss_scale)?)?
         };
         let grads = (0..shared.params().len()).map(|k| grads.take(k)).collect();
         let value = loss.value().to_dtype(DType::F64)?.to_scalar::<f64>()?;
@@ -672,13 +668,22 @@ fn deterministic_replica_step(
 
 /// Every micro-batch of `owned` at once, each on a thread of its own with one kernel
 /// thread, as [`MicroBatchSums`] needs them: their leaves by index. A micro-batch that
-/// fails (or panics) ends the others' waits ([`MicroBatchSums::fail`]); the first failure
-/// by index is the error.
+/// fails (or panics) ends the others' waits ([`MicroBatchSums::fail`]); its error is the
+/// error, not those of the waits it ended.
 fn lockstep(
     sums: &MicroBatchSums,
     owned: std::ops::Range<usize>,
     leaf: &(impl Fn(usize) -> Result<Leaf> + Sync),
 ) -> Result<std::collections::BTreeMap<usize, Leaf>> {
+    // The micro-batch that failed first: the others' errors are the waits it ended.
+    let cause = Mutex::new(None);
+    let failed = |i: usize, why: String| {
+        cause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(i);
+        sums.fail(why);
+    };
     let results: Vec<(usize, Result<Leaf>)> = std::thread::scope(|s| {
         let handles: Vec<_> = owned
             .map(|i| {
@@ -695,7 +700,7 @@ fn lockstep(
                                 )))
                             });
                         if let Err(e) = &result {
-                            sums.fail(format!("micro-batch {i} failed: {e}"));
+                            failed(i, format!("micro-batch {i} failed: {e}"));
                         }
                         result
                     });
@@ -710,7 +715,7 @@ fn lockstep(
                         Err(TrainError::Invalid(format!("micro-batch {i} panicked")))
                     }),
                     Err(e) => {
-                        sums.fail(format!("micro-batch {i}: no thread ({e})"));
+                        failed(i, format!("micro-batch {i}: no thread ({e})"));
                         Err(TrainError::Invalid(format!(
                             "could not start a thread for micro-batch {i}: {e}"
                         )))
@@ -720,25 +725,25 @@ fn lockstep(
             })
             .collect()
     });
-    // The failure that caused the others, not the waits it ended.
-    let first_error = results
-        .iter()
-        .position(|(_, r)| {
-            r.as_ref()
-                .is_err_and(|e| !e.to_string().contains("failed:"))
-        })
-        .or_else(|| results.iter().position(|(_, r)| r.is_err()));
+    let cause = cause.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut leaves = std::collections::BTreeMap::new();
-    for (n, (i, r)) in results.into_iter().enumerate() {
+    let mut first_error = None;
+    for (i, r) in results {
         match r {
             Ok(l) => {
                 leaves.insert(i, l);
             }
-            Err(e) if Some(n) == first_error => return Err(e),
-            Err(_) => {}
+            Err(e) if Some(i) == cause => return Err(e),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
         }
     }
-    Ok(leaves)
+    // A failure without a recorded cause (a thread that panicked past its catch).
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(leaves),
+    }
 }
 
 /// A replica's output part in inference, on `here` (with the logits when the model ends
@@ -863,9 +868,10 @@ fn is_abort(e: &TrainError) -> bool {
 }
 
 /// The loss backward starts from: multiplied by the optimizer's loss scale under loss
-/// scaling ([`mirra_optim::LossScaleOptimizer`], which divides the gradients by it).
-pub(crate) fn scaled_loss<'t>(loss: &Var<'t>, optimizer: &dyn Optimizer) -> Result<Var<'t>> {
-    Ok(match optimizer.loss_scale() {
+/// scaling (`Optimizer::loss_scale` of a [`mirra_optim::LossScaleOptimizer`], which
+/// divides the gradients by it).
+pub(crate) fn scaled_loss<'t>(loss: &Var<'t>, loss_scale: Option<f64>) -> Result<Var<'t>> {
+    Ok(match loss_scale {
         Some(scale) => loss.scale(scale)?,
         None => loss.clone(),
     })
@@ -902,7 +908,7 @@ fn replica_step(
         let loss = loss_fn.compute(&out, &y, Reduction::Sum)?.scale(scale)?;
         drop(forward);
         let _backward = trace::span("compute", "backward");
-        tape.backward_with(&scaled_loss(&loss, &**optimizer)?, |key, g| {
+        tape.backward_with(&scaled_loss(&loss, optimizer.loss_scale())?, |key, g| {
             reducer.grad_ready(comm, key, g).map_err(|e| e.to_string())
         })?;
         part = (
@@ -1702,6 +1708,27 @@ mod deterministic_tests {
                 );
             }
         }
+    }
+
+    /// A micro-batch that fails while the others wait at a batch-norm sum ends their
+    /// waits, and its own error is the step's, not theirs.
+    #[test]
+    fn a_failed_micro_batch_is_the_error_and_the_others_stop_waiting() {
+        use mirra_autograd::LinearMap;
+        let s = MirroredStrategy::new(config(1, "ring", 1)).unwrap();
+        let sums = s.micro_batch_sums(0).unwrap();
+        sums.begin(mirra_strategy::MicroBatches::new(1, 3, 1).unwrap());
+        let x = Tensor::zeros(&[2], DType::F32, Device::Cpu).unwrap();
+        let leaf = |i: usize| -> crate::Result<mirra_strategy::Leaf> {
+            if i == 1 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                return Err(crate::TrainError::Invalid("bad micro-batch".into()));
+            }
+            let t = sums.apply(&x).map_err(crate::TrainError::Invalid)?;
+            Ok(mirra_strategy::Leaf::of(t))
+        };
+        let err = super::lockstep(sums, 0..3, &leaf).unwrap_err().to_string();
+        assert_eq!(err, "bad micro-batch");
     }
 
     #[test]
