@@ -54,11 +54,14 @@ impl Kernel {
     fn copy(self, dst: &mut [f32], src: &[f32]) {
         match self {
             Kernel::Memcpy => dst.copy_from_slice(src),
-            Kernel::VectorLoop => vectorize(|| {
-                for (d, s) in dst.iter_mut().zip(src) {
-                    *d = *s + 0.0;
-                }
-            }),
+            Kernel::VectorLoop => vectorize(
+                #[inline(always)]
+                || {
+                    for (d, s) in dst.iter_mut().zip(src) {
+                        *d = *s + 0.0;
+                    }
+                },
+            ),
         }
     }
 }

@@ -123,10 +123,7 @@ pub(crate) fn input_grads(
         }
         Op::MaxPool { argmax } => to(ia, &|| {
             // Each output's gradient to its winning input element.
-            let (m, total) = (argmax.elem_count(), dims(ia).iter().product::<usize>());
-            let flat = g.reshape(&[m])?;
-            let grad = flat.scatter_add(0, &argmax.reshape(&[m])?, &[total])?;
-            Ok(grad.reshape(dims(ia))?)
+            Ok(g.max_pool_grad(argmax, dims(ia))?)
         })?,
     }
     Ok(())

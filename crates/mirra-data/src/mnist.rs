@@ -189,11 +189,14 @@ pub fn pixels_to_unit_f32(mut batch: Vec<Tensor>) -> Result<Vec<Tensor>> {
     let src = pixels.as_slice::<u8>()?;
     // One rounded division per pixel, as the loader used to compute them, in the widest
     // vector instructions the CPU has.
-    mirra_device::vectorize(|| {
-        for (u, &p) in out.iter_mut().zip(src) {
-            *u = f32::from(p) / 255.0;
-        }
-    });
+    mirra_device::vectorize(
+        #[inline(always)]
+        || {
+            for (u, &p) in out.iter_mut().zip(src) {
+                *u = f32::from(p) / 255.0;
+            }
+        },
+    );
     batch[0] = Tensor::from_buffer(unit, pixels.dims())?;
     Ok(batch)
 }

@@ -145,20 +145,23 @@ fn kernel<T: FloatElement>(
     vhat: &mut [T::Acc],
     c: Coeffs<T::Acc>,
 ) {
-    mirra_tensor::vectorize(|| {
-        debug_assert!(p.len() == g.len() && p.len() == m.len() && p.len() == v.len());
-        let it = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
-        if vhat.is_empty() {
-            for (((p, &g), m), v) in it {
-                element(p, g, m, v, None, &c);
+    mirra_tensor::vectorize(
+        #[inline(always)]
+        || {
+            debug_assert!(p.len() == g.len() && p.len() == m.len() && p.len() == v.len());
+            let it = p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut());
+            if vhat.is_empty() {
+                for (((p, &g), m), v) in it {
+                    element(p, g, m, v, None, &c);
+                }
+            } else {
+                debug_assert_eq!(vhat.len(), g.len());
+                for ((((p, &g), m), v), vhat) in it.zip(vhat.iter_mut()) {
+                    element(p, g, m, v, Some(vhat), &c);
+                }
             }
-        } else {
-            debug_assert_eq!(vhat.len(), g.len());
-            for ((((p, &g), m), v), vhat) in it.zip(vhat.iter_mut()) {
-                element(p, g, m, v, Some(vhat), &c);
-            }
-        }
-    })
+        },
+    )
 }
 
 /// The update of one element (see [`Adam`] for the formula).

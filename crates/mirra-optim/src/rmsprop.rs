@@ -166,32 +166,35 @@ fn kernel<T: FloatElement, const CENTERED: bool, const MOMENTUM: bool>(
     b: &mut [T::Acc],
     c: Coeffs<T::Acc>,
 ) {
-    mirra_tensor::vectorize(|| {
-        use num_traits::Float;
-        let n = p.len();
-        // Re-slicing to one length up front lets the compiler drop the bounds checks.
-        let (g, v) = (&g[..n], &mut v[..n]);
-        let a = &mut a[..if CENTERED { n } else { 0 }];
-        let b = &mut b[..if MOMENTUM { n } else { 0 }];
-        for i in 0..n {
-            let gi = g[i].to_acc();
-            v[i] = c.rho * v[i] + c.one_minus_rho * gi * gi;
-            let d = if CENTERED {
-                a[i] = c.rho * a[i] + c.one_minus_rho * gi;
-                v[i] - a[i] * a[i] + c.epsilon
-            } else {
-                v[i] + c.epsilon
-            };
-            let delta = c.lr * gi / Float::sqrt(d);
-            let delta = if MOMENTUM {
-                b[i] = c.momentum * b[i] + delta;
-                b[i]
-            } else {
-                delta
-            };
-            p[i] = T::from_acc(p[i].to_acc() * c.decay - delta);
-        }
-    })
+    mirra_tensor::vectorize(
+        #[inline(always)]
+        || {
+            use num_traits::Float;
+            let n = p.len();
+            // Re-slicing to one length up front lets the compiler drop the bounds checks.
+            let (g, v) = (&g[..n], &mut v[..n]);
+            let a = &mut a[..if CENTERED { n } else { 0 }];
+            let b = &mut b[..if MOMENTUM { n } else { 0 }];
+            for i in 0..n {
+                let gi = g[i].to_acc();
+                v[i] = c.rho * v[i] + c.one_minus_rho * gi * gi;
+                let d = if CENTERED {
+                    a[i] = c.rho * a[i] + c.one_minus_rho * gi;
+                    v[i] - a[i] * a[i] + c.epsilon
+                } else {
+                    v[i] + c.epsilon
+                };
+                let delta = c.lr * gi / Float::sqrt(d);
+                let delta = if MOMENTUM {
+                    b[i] = c.momentum * b[i] + delta;
+                    b[i]
+                } else {
+                    delta
+                };
+                p[i] = T::from_acc(p[i].to_acc() * c.decay - delta);
+            }
+        },
+    )
 }
 
 impl Rule for RmsProp {

@@ -113,22 +113,25 @@ impl Coeffs<f64> {
 
 /// The fused element-wise update (see [`Sgd`] for the formula).
 fn kernel<T: FloatElement>(p: &mut [T], g: &[T], m: &mut [T::Acc], c: Coeffs<T::Acc>) {
-    mirra_tensor::vectorize(|| {
-        debug_assert_eq!(p.len(), g.len());
-        if m.is_empty() {
-            for (p, &g) in p.iter_mut().zip(g) {
-                *p = T::from_acc(p.to_acc() * c.decay - c.lr * g.to_acc());
+    mirra_tensor::vectorize(
+        #[inline(always)]
+        || {
+            debug_assert_eq!(p.len(), g.len());
+            if m.is_empty() {
+                for (p, &g) in p.iter_mut().zip(g) {
+                    *p = T::from_acc(p.to_acc() * c.decay - c.lr * g.to_acc());
+                }
+                return;
             }
-            return;
-        }
-        debug_assert_eq!(p.len(), m.len());
-        for ((p, &g), m) in p.iter_mut().zip(g).zip(m.iter_mut()) {
-            let g = g.to_acc();
-            *m = c.mu * *m - c.lr * g;
-            let delta = if c.nesterov { c.mu * *m - c.lr * g } else { *m };
-            *p = T::from_acc(p.to_acc() * c.decay + delta);
-        }
-    })
+            debug_assert_eq!(p.len(), m.len());
+            for ((p, &g), m) in p.iter_mut().zip(g).zip(m.iter_mut()) {
+                let g = g.to_acc();
+                *m = c.mu * *m - c.lr * g;
+                let delta = if c.nesterov { c.mu * *m - c.lr * g } else { *m };
+                *p = T::from_acc(p.to_acc() * c.decay + delta);
+            }
+        },
+    )
 }
 
 impl Rule for Sgd {

@@ -123,9 +123,21 @@ pub(crate) fn split_rows<E: Send>(
     row: usize,
     f: &(dyn Fn(usize, &mut [E]) + Sync),
 ) {
+    split_rows_by_work(data, row, data.len(), f)
+}
+
+/// [`split_rows`] for a kernel whose work is not the size of what it writes: `work`
+/// elements read or written in all (a pooling window's taps, a gradient's patches)
+/// decides whether the kernel threads are worth waking.
+pub(crate) fn split_rows_by_work<E: Send>(
+    data: &mut [E],
+    row: usize,
+    work: usize,
+    f: &(dyn Fn(usize, &mut [E]) + Sync),
+) {
     let threads = crate::num_threads();
     let rows = data.len() / row.max(1);
-    if threads <= 1 || data.len() < PARALLEL_MIN || rows < 2 {
+    if threads <= 1 || work < PARALLEL_MIN || rows < 2 {
         f(0, data);
         return;
     }
@@ -134,6 +146,34 @@ pub(crate) fn split_rows<E: Send>(
     rayon::scope(|s| {
         for (i, part) in data.chunks_mut(per * row).enumerate() {
             s.spawn(move |_| f(i * per, part));
+        }
+    });
+}
+
+/// What [`split_row_pairs`] runs: `f(first_row, a_rows, b_rows)`.
+pub(crate) type RowPairs<'f, A, B> = dyn Fn(usize, &mut [A], &mut [B]) + Sync + 'f;
+
+/// [`split_rows_by_work`] over two outputs written row by row together (a pooling's
+/// values and winners): `f(first_row, a_rows, b_rows)` with the same rows of each, `a`
+/// cut into rows of `row_a` elements and `b` of `row_b`.
+pub(crate) fn split_row_pairs<A: Send, B: Send>(
+    (a, row_a): (&mut [A], usize),
+    (b, row_b): (&mut [B], usize),
+    work: usize,
+    f: &RowPairs<'_, A, B>,
+) {
+    let threads = crate::num_threads();
+    let rows = a.len() / row_a.max(1);
+    if threads <= 1 || work < PARALLEL_MIN || rows < 2 {
+        f(0, a, b);
+        return;
+    }
+    ensure_rayon_pool();
+    let per = rows.div_ceil(threads);
+    rayon::scope(|s| {
+        let parts = a.chunks_mut(per * row_a).zip(b.chunks_mut(per * row_b));
+        for (i, (a, b)) in parts.enumerate() {
+            s.spawn(move |_| f(i * per, a, b));
         }
     });
 }

@@ -293,13 +293,17 @@ fn blocks<K: BlockKernel>(
                     }
                 }
                 let sums = &s.c;
-                mirra_device::vectorize(|| {
-                    for (row, sums) in out_rows.chunks_exact_mut(n).zip(sums.chunks_exact(ldc)) {
-                        for (d, &x) in row.iter_mut().zip(&sums[..n]) {
-                            *d = bf16::from_acc(x);
+                mirra_device::vectorize(
+                    #[inline(always)]
+                    || {
+                        for (row, sums) in out_rows.chunks_exact_mut(n).zip(sums.chunks_exact(ldc))
+                        {
+                            for (d, &x) in row.iter_mut().zip(&sums[..n]) {
+                                *d = bf16::from_acc(x);
+                            }
                         }
-                    }
-                });
+                    },
+                );
             }
             kernel.end();
         })

@@ -8,7 +8,7 @@
 //! rows and the blocks' partial sums added in block order, so the result has the same
 //! bits on any number of threads.
 
-use mirra_device::{Buffer, Element, FloatElement};
+use mirra_device::{vectorize, Buffer, Element, FloatElement};
 
 use crate::threads::{for_each_split, split_rows};
 use crate::{match_float_dtype, DType, Result, Tensor, TensorError};
@@ -31,7 +31,7 @@ impl Tensor {
         let x = self.contiguous()?;
         let sums = match_float_dtype!(x.dtype(), T => {
             let xs = x.as_slice::<T>()?;
-            row_sums(rows, c, 2, &|row, acc| {
+            row_sums(rows, c, 2, #[inline(always)] |row, acc| {
                 for (ch, &v) in xs[row * c..(row + 1) * c].iter().enumerate() {
                     let v = v.to_f64();
                     acc[ch] += v;
@@ -56,7 +56,7 @@ impl Tensor {
         match_float_dtype!(x.dtype(), T => {
             let g = acc_vec::<T>(g)?;
             let two = <<T as FloatElement>::Acc as Element>::from_f64(2.0);
-            map_rows::<T>(&x, c, &|xs, out| {
+            map_rows::<T>(&x, c, #[inline(always)] |xs, out| {
                 for (ch, (o, &v)) in out.iter_mut().zip(xs).enumerate() {
                     *o = T::from_acc(g[ch] + two * v.to_acc() * g[c + ch]);
                 }
@@ -77,7 +77,7 @@ impl Tensor {
         let x = self.contiguous()?;
         match_float_dtype!(x.dtype(), T => {
             let (a, b) = (acc_vec::<T>(scale)?, acc_vec::<T>(shift)?);
-            map_rows::<T>(&x, c, &|xs, out| {
+            map_rows::<T>(&x, c, #[inline(always)] |xs, out| {
                 for (ch, (o, &v)) in out.iter_mut().zip(xs).enumerate() {
                     *o = T::from_acc(v.to_acc() * a[ch] + b[ch]);
                 }
@@ -117,13 +117,13 @@ impl Tensor {
         let (g, x) = (self.contiguous()?, x.contiguous()?);
         match_float_dtype!(g.dtype(), T => {
             let a = acc_vec::<T>(scale)?;
-            let dx = map_rows::<T>(&g, c, &|gs, out| {
+            let dx = map_rows::<T>(&g, c, #[inline(always)] |gs, out| {
                 for (ch, (o, &v)) in out.iter_mut().zip(gs).enumerate() {
                     *o = T::from_acc(v.to_acc() * a[ch]);
                 }
             })?;
             let (gs, xs) = (g.as_slice::<T>()?, x.as_slice::<T>()?);
-            let sums = row_sums(rows, c, 2, &|row, acc| {
+            let sums = row_sums(rows, c, 2, #[inline(always)] |row, acc| {
                 let at = row * c..(row + 1) * c;
                 for (ch, (&gv, &xv)) in gs[at.clone()].iter().zip(&xs[at]).enumerate() {
                     let gv = gv.to_f64();
@@ -157,16 +157,21 @@ fn row_sums(
     rows: usize,
     c: usize,
     width: usize,
-    add: &(dyn Fn(usize, &mut [f64]) + Sync),
+    add: impl Fn(usize, &mut [f64]) + Sync,
 ) -> Vec<f64> {
     let per_block = (BLOCK_ELEMENTS / c).max(1);
     let blocks = rows.div_ceil(per_block);
     let mut partials = vec![0.0f64; blocks * width * c];
     let items: Vec<(usize, &mut [f64])> = partials.chunks_mut(width * c).enumerate().collect();
     for_each_split(items, rows * c, &|(b, acc)| {
-        for row in b * per_block..((b + 1) * per_block).min(rows) {
-            add(row, acc);
-        }
+        vectorize(
+            #[inline(always)]
+            || {
+                for row in b * per_block..((b + 1) * per_block).min(rows) {
+                    add(row, acc);
+                }
+            },
+        )
     });
     let mut sums = vec![0.0f64; width * c];
     for block in partials.chunks(width * c) {
@@ -181,15 +186,20 @@ fn row_sums(
 fn map_rows<T: FloatElement>(
     x: &Tensor,
     c: usize,
-    f: &(dyn Fn(&[T], &mut [T]) + Sync),
+    f: impl Fn(&[T], &mut [T]) + Sync,
 ) -> Result<Tensor> {
     let src = x.as_slice::<T>()?;
     let mut out = Buffer::alloc(T::DTYPE, x.elem_count(), x.device())?;
     split_rows(out.as_mut_slice::<T>()?, c, &|first, rows: &mut [T]| {
-        let from = &src[first * c..first * c + rows.len()];
-        for (xs, o) in from.chunks_exact(c).zip(rows.chunks_exact_mut(c)) {
-            f(xs, o);
-        }
+        vectorize(
+            #[inline(always)]
+            || {
+                let from = &src[first * c..first * c + rows.len()];
+                for (xs, o) in from.chunks_exact(c).zip(rows.chunks_exact_mut(c)) {
+                    f(xs, o);
+                }
+            },
+        )
     });
     Tensor::from_buffer(out, x.dims())
 }

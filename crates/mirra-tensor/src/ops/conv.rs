@@ -11,9 +11,10 @@
 
 use std::ops::Range;
 
-use mirra_device::{Buffer, Element, FloatElement};
+use mirra_device::{vectorize, Buffer, Element, FloatElement};
 
-use crate::threads::split_rows;
+use crate::dispatch::with_any;
+use crate::threads::{split_row_pairs, split_rows, split_rows_by_work};
 use crate::{match_float_dtype, Result, Tensor, TensorError};
 
 /// How a window covers the input: Keras's `padding`.
@@ -169,13 +170,11 @@ impl Window {
         })
     }
 
-    /// Calls `f(tap, at)` for every tap of output position `position` (flat, within one
-    /// image) that falls inside the input, in patch order, with the flat input position it
-    /// reads: the one walk of a window that im2col, col2im and max pooling share.
+    /// Calls `f(tap, at)` for every tap of the output position at coordinates `o` that
+    /// falls inside the input, in patch order, with the flat input position it reads: the
+    /// general walk of a window, which [`Walk`] takes at the border.
     #[inline]
-    fn for_each_tap(&self, position: usize, mut f: impl FnMut(usize, usize)) {
-        let [_, o1, o2] = self.output;
-        let o = [position / (o1 * o2), position / o2 % o1, position % o2];
+    fn for_each_tap_at(&self, o: [usize; MAX_SPATIAL], mut f: impl FnMut(usize, usize)) {
         let [r0, r1, r2] = [0, 1, 2].map(|d| self.taps_inside(d, o[d]));
         let [_, k1, k2] = self.kernel;
         let [_, i1, i2] = self.input;
@@ -221,6 +220,105 @@ impl Window {
     }
 }
 
+/// The taps of a [`Window`] over consecutive output positions, the one walk that im2col,
+/// col2im and max pooling share, without a division per position: a position whose taps
+/// all fall inside the input (most of them) reads at fixed offsets from its window's
+/// origin; one at the border takes the general walk ([`Window::for_each_tap_at`]).
+struct Walk<'w> {
+    window: &'w Window,
+    /// The flat input offset of each tap, in patch order, from its window's origin.
+    offsets: Vec<usize>,
+    /// Per dimension, the output indices whose taps all fall inside the input.
+    interior: [Range<usize>; MAX_SPATIAL],
+    /// Flat input positions per step of each dimension.
+    strides: [usize; MAX_SPATIAL],
+}
+
+/// An output position of a [`Walk`]: its image and its coordinates in it.
+#[derive(Clone, Copy, Debug)]
+struct Position {
+    image: usize,
+    o: [usize; MAX_SPATIAL],
+}
+
+impl<'w> Walk<'w> {
+    fn new(window: &'w Window) -> Walk<'w> {
+        let [_, i1, i2] = window.input;
+        let strides = [i1 * i2, i2, 1];
+        let interior = [0, 1, 2].map(|d| {
+            let (s, pad) = (window.stride[d], window.pad[d]);
+            let first = pad.div_ceil(s);
+            // The last tap of output `o` reads `o * s - pad + (k - 1) * dil`.
+            let reach = (window.kernel[d] - 1) * window.dilation[d];
+            let end = (window.input[d] + pad)
+                .checked_sub(reach + 1)
+                .map_or(0, |last| (last / s + 1).min(window.output[d]));
+            first..end.max(first)
+        });
+        let [k0, k1, k2] = window.kernel;
+        let mut offsets = Vec::with_capacity(k0 * k1 * k2);
+        for t0 in 0..k0 {
+            for t1 in 0..k1 {
+                for t2 in 0..k2 {
+                    offsets.push(
+                        t0 * window.dilation[0] * strides[0]
+                            + t1 * window.dilation[1] * strides[1]
+                            + t2 * window.dilation[2],
+                    );
+                }
+            }
+        }
+        Walk {
+            window,
+            offsets,
+            interior,
+            strides,
+        }
+    }
+
+    /// Flat output position `p` (images one after another).
+    fn at(&self, p: usize) -> Position {
+        let [_, o1, o2] = self.window.output;
+        let positions = self.window.positions();
+        let q = p % positions.max(1);
+        Position {
+            image: p / positions.max(1),
+            o: [q / (o1 * o2), q / o2 % o1, q % o2],
+        }
+    }
+
+    /// The position after `at`, in row-major order, into the next image after the last.
+    #[inline(always)]
+    fn advance(&self, at: &mut Position) {
+        let out = self.window.output;
+        for d in (0..MAX_SPATIAL).rev() {
+            at.o[d] += 1;
+            if at.o[d] < out[d] {
+                return;
+            }
+            at.o[d] = 0;
+        }
+        at.image += 1;
+    }
+
+    /// Calls `f(tap, at)` for every tap of position `at` that falls inside the input, in
+    /// patch order, with the flat input position (within its image) it reads.
+    #[inline(always)]
+    fn taps(&self, at: &Position, mut f: impl FnMut(usize, usize)) {
+        let o = at.o;
+        if (0..MAX_SPATIAL).all(|d| self.interior[d].contains(&o[d])) {
+            let origin: usize = (0..MAX_SPATIAL)
+                .map(|d| (o[d] * self.window.stride[d] - self.window.pad[d]) * self.strides[d])
+                .sum();
+            for (tap, &off) in self.offsets.iter().enumerate() {
+                f(tap, origin + off);
+            }
+        } else {
+            self.window.for_each_tap_at(o, f);
+        }
+    }
+}
+
 impl Tensor {
     /// The patches of `window` over this `[n, d1, .., dk, c]` tensor: `[n, o1, .., ok,
     /// taps * c]`, zeros where a tap falls outside the input. Any dtype (patches are
@@ -232,32 +330,36 @@ impl Tensor {
             return Err(on_device(op, self));
         }
         let x = self.contiguous()?;
-        let size = x.dtype().size_in_bytes();
         let positions = window.positions();
         let row = window.taps() * c;
         // Recycled memory: when a window has taps outside the input, its patch is zeroed
         // first, in cache, by the thread that fills it (not the whole buffer up front).
         let mut out = Buffer::alloc(x.dtype(), n * positions * row, x.device())?;
         let padded = !window.all_taps_inside();
-        let src = &x.buffer().as_bytes()?[x.layout().offset() * size..];
-        let dst = out.as_bytes_mut()?;
         let image = window.input_positions();
-        let run = c * size;
-        let fill = |first: usize, patches: &mut [u8]| {
-            for (q, patch) in patches.chunks_exact_mut(row * size).enumerate() {
-                if padded {
-                    patch.fill(0);
+        let walk = Walk::new(window);
+        with_any!(x.dtype(), T => {
+            let src = x.as_slice::<T>()?;
+            let fill = |first: usize, patches: &mut [T]| {
+                let mut at = walk.at(first);
+                for patch in patches.chunks_exact_mut(row.max(1)) {
+                    if padded {
+                        patch.fill(T::default());
+                    }
+                    let base = at.image * image;
+                    if c == 1 {
+                        walk.taps(&at, |tap, i| patch[tap] = src[base + i]);
+                    } else {
+                        walk.taps(&at, |tap, i| {
+                            let from = (base + i) * c;
+                            copy_channels(&mut patch[tap * c..(tap + 1) * c], &src[from..from + c]);
+                        });
+                    }
+                    walk.advance(&mut at);
                 }
-                let p = first + q;
-                let (b, position) = (p / positions, p % positions);
-                window.for_each_tap(position, |tap, at| {
-                    let from = (b * image + at) * run;
-                    let to = tap * run;
-                    patch[to..to + run].copy_from_slice(&src[from..from + run]);
-                });
-            }
-        };
-        split_rows(dst, row * size, &fill);
+            };
+            split_rows(out.as_mut_slice::<T>()?, row, &fill);
+        });
         Tensor::from_buffer(out, &Window::dims(n, window.output(), row))
     }
 
@@ -309,6 +411,37 @@ impl Tensor {
         match_float_dtype!(x.dtype(), T => max_pool_kernel::<T>(&x, window, n, c),
             dtype => Err(TensorError::UnsupportedDType { op, dtype }))
     }
+
+    /// The gradient of [`max_pool`](Tensor::max_pool) for this output gradient (the
+    /// pooled shape): each element added into its window's winner `argmax` (from
+    /// `max_pool`), zeros elsewhere, in an `input`-shaped tensor (the pooled tensor's
+    /// shape before pooling). Float dtypes; 16-bit floats sum in f32 and round once.
+    pub fn max_pool_grad(&self, argmax: &Tensor, input: &[usize]) -> Result<Tensor> {
+        let op = "max_pool_grad";
+        if argmax.dims() != self.dims()
+            || argmax.dtype() != crate::DType::I64
+            || input.len() != self.rank()
+            || input.first() != self.dims().first()
+        {
+            return Err(TensorError::Invalid {
+                op,
+                msg: format!(
+                    "expected i64 winners of the gradient's shape and an input of its rank \
+                     and batch, got {} winners {:?} and input {input:?}",
+                    argmax.dtype(),
+                    argmax.dims()
+                ),
+                shape: *self.shape(),
+            });
+        }
+        if !self.device().is_cpu() {
+            return Err(on_device(op, self));
+        }
+        let (g, winners) = (self.contiguous()?, argmax.contiguous()?);
+        let winners = winners.as_slice::<i64>()?;
+        match_float_dtype!(g.dtype(), T => max_pool_grad_kernel::<T>(&g, winners, input),
+            dtype => Err(TensorError::UnsupportedDType { op, dtype }))
+    }
 }
 
 fn max_pool_kernel<T: FloatElement>(
@@ -317,62 +450,142 @@ fn max_pool_kernel<T: FloatElement>(
     n: usize,
     c: usize,
 ) -> Result<(Tensor, Tensor)> {
-    let image = window.input_positions();
     let positions = window.positions();
     let src = x.as_slice::<T>()?;
     let mut winners = Buffer::alloc(crate::DType::I64, n * positions * c, x.device())?;
-    let argmax = winners.as_mut_slice::<i64>()?;
-    // Images split between threads; per output position, the winner of each channel (-1
-    // until a tap is seen).
-    split_rows(argmax, positions * c, &|first, images: &mut [i64]| {
-        let mut best = vec![<T::Acc as Element>::from_f64(0.0); c];
-        for (q, out) in images.chunks_exact_mut(c.max(1)).enumerate() {
-            out.fill(-1);
-            let p = first * positions + q;
-            let (b, position) = (p / positions, p % positions);
-            let mut seen = false;
-            window.for_each_tap(position, |_, at| {
-                let base = (b * image + at) * c;
-                let taps = &src[base..base + c];
-                if !seen {
-                    for (ch, (bv, o)) in best.iter_mut().zip(out.iter_mut()).enumerate() {
-                        *bv = taps[ch].to_acc();
-                        *o = (base + ch) as i64;
-                    }
-                    seen = true;
-                    return;
-                }
-                let at = base as i64;
-                for (ch, ((bv, o), t)) in best.iter_mut().zip(out.iter_mut()).zip(taps).enumerate()
-                {
-                    let v = t.to_acc();
-                    // Larger wins; a NaN wins unless a NaN already did (NaN alone is
-                    // unequal to itself); the first of equal maxima stays. Selects, not
-                    // branches, so that the loop vectorises.
-                    #[allow(clippy::eq_op)]
-                    let take = (v > *bv) | ((v != v) & (*bv == *bv));
-                    *bv = if take { v } else { *bv };
-                    *o = if take { at + ch as i64 } else { *o };
-                }
-            });
-        }
-    });
-    if argmax.contains(&-1) {
+    let mut values = Buffer::alloc(T::DTYPE, n * positions * c, x.device())?;
+    let walk = Walk::new(window);
+    let work = n * positions * c * window.taps();
+    let none = std::sync::atomic::AtomicBool::new(false);
+    // Output positions split between threads.
+    split_row_pairs(
+        (values.as_mut_slice::<T>()?, c),
+        (winners.as_mut_slice::<i64>()?, c),
+        work,
+        &|first, values, argmax| {
+            if !vectorize(
+                #[inline(always)]
+                || pool_rows(&walk, src, c, first, values, argmax),
+            ) {
+                none.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        },
+    );
+    if none.into_inner() {
         return Err(TensorError::Invalid {
             op: "max_pool",
             msg: "a window with no tap inside the input".into(),
             shape: *x.shape(),
         });
     }
-    let mut values = Buffer::alloc(T::DTYPE, argmax.len(), x.device())?;
-    for (v, &i) in values.as_mut_slice::<T>()?.iter_mut().zip(argmax.iter()) {
-        *v = src[i as usize];
-    }
     let dims = Window::dims(n, window.output(), c);
     Ok((
         Tensor::from_buffer(values, &dims)?,
         Tensor::from_buffer(winners, &dims)?,
     ))
+}
+
+/// Max pooling of the output positions from `first` on (`values` and `argmax` rows of
+/// `c` channels) over `src`: per position, the largest tap of each channel and the flat
+/// index of its element. False when a position has no tap inside the input. Inlined into
+/// [`vectorize`]'s closure so that [`fold_max`] runs on the widest vectors.
+#[inline(always)]
+fn pool_rows<T: FloatElement>(
+    walk: &Walk<'_>,
+    src: &[T],
+    c: usize,
+    first: usize,
+    values: &mut [T],
+    argmax: &mut [i64],
+) -> bool {
+    let image = walk.window.input_positions();
+    let mut best = vec![<T::Acc as Element>::from_f64(0.0); c];
+    let mut from = vec![0u32; c];
+    // The first element of each tap inside the input, in patch order.
+    let mut bases = Vec::with_capacity(walk.offsets.len());
+    let mut at = walk.at(first);
+    let rows = values
+        .chunks_exact_mut(c.max(1))
+        .zip(argmax.chunks_exact_mut(c.max(1)));
+    for (values, out) in rows {
+        bases.clear();
+        let start = at.image * image;
+        walk.taps(&at, |_, i| bases.push((start + i) * c));
+        let Some((&base, rest)) = bases.split_first() else {
+            return false;
+        };
+        for (b, t) in best.iter_mut().zip(&src[base..base + c]) {
+            *b = t.to_acc();
+        }
+        from.fill(0);
+        for (k, &base) in rest.iter().enumerate() {
+            fold_max(&mut best, &mut from, &src[base..base + c], k as u32 + 1);
+        }
+        for (ch, ((v, o), (&b, &k))) in values
+            .iter_mut()
+            .zip(out)
+            .zip(best.iter().zip(&from))
+            .enumerate()
+        {
+            *v = T::from_acc(b);
+            *o = (bases[k as usize] + ch) as i64;
+        }
+        walk.advance(&mut at);
+    }
+    true
+}
+
+/// Folds tap `k`'s channels into the running maxima `best` and the taps `from` they
+/// came from: larger wins; a NaN wins unless a NaN already did (NaN alone is unequal to
+/// itself); the first of equal maxima stays. Selects on values and tap numbers of one
+/// width, not branches, so that the loop vectorises.
+#[inline(always)]
+fn fold_max<T: FloatElement>(best: &mut [T::Acc], from: &mut [u32], tap: &[T], k: u32) {
+    for ((b, f), t) in best.iter_mut().zip(from.iter_mut()).zip(tap) {
+        let v = t.to_acc();
+        #[allow(clippy::eq_op)]
+        let take = (v > *b) | ((v != v) & (*b == *b));
+        *b = if take { v } else { *b };
+        *f = if take { k } else { *f };
+    }
+}
+
+/// The gradient of [`Tensor::max_pool`]: `grad` (the pooled shape) added into a zero
+/// tensor of `input` dimensions at the flat positions `argmax` names, output by output in
+/// order (a scatter-add, images split between threads: a winner lies in its own image).
+fn max_pool_grad_kernel<T: FloatElement>(
+    grad: &Tensor,
+    argmax: &[i64],
+    input: &[usize],
+) -> Result<Tensor> {
+    let n = input[0];
+    let image: usize = input[1..].iter().product();
+    let per = argmax.len() / n.max(1);
+    let g = grad.as_slice::<T>()?;
+    let mut sums = Buffer::alloc(<T::Acc as Element>::DTYPE, n * image, grad.device())?;
+    let acc = sums.as_mut_slice::<T::Acc>()?;
+    let stray = std::sync::atomic::AtomicBool::new(false);
+    split_rows_by_work(acc, image, argmax.len() + n * image, &|first, images| {
+        for (k, one) in images.chunks_exact_mut(image.max(1)).enumerate() {
+            one.fill(<T::Acc as Element>::from_f64(0.0));
+            let (b, from) = (first + k, (first + k) * per);
+            let base = (b * image) as i64;
+            for (&w, v) in argmax[from..from + per].iter().zip(&g[from..from + per]) {
+                match one.get_mut(w.wrapping_sub(base) as usize) {
+                    Some(a) => *a = *a + v.to_acc(),
+                    None => stray.store(true, std::sync::atomic::Ordering::Relaxed),
+                }
+            }
+        }
+    });
+    if stray.into_inner() {
+        return Err(TensorError::Invalid {
+            op: "max_pool_grad",
+            msg: "a winner outside its own image".into(),
+            shape: *grad.shape(),
+        });
+    }
+    Tensor::from_buffer(sums, input)?.to_dtype(T::DTYPE)
 }
 
 fn col2im_kernel<T: FloatElement>(
@@ -389,27 +602,47 @@ fn col2im_kernel<T: FloatElement>(
     // zeroed by the thread that sums it.
     let mut sums = Buffer::alloc(<T::Acc as Element>::DTYPE, n * image, cols.device())?;
     let acc = sums.as_mut_slice::<T::Acc>()?;
+    let walk = Walk::new(window);
     // One image's patches add into that image alone: images split between threads.
-    let one_image = |b: usize, acc: &mut [T::Acc]| {
-        let patches = &src[b * positions * row..(b + 1) * positions * row];
-        for (position, patch) in patches.chunks_exact(row).enumerate() {
-            window.for_each_tap(position, |tap, at| {
-                let at = at * c;
-                let from = tap * c;
-                for (a, &v) in acc[at..at + c].iter_mut().zip(&patch[from..from + c]) {
-                    *a = *a + v.to_acc();
+    split_rows_by_work(acc, image, src.len(), &|first, images: &mut [T::Acc]| {
+        vectorize(
+            #[inline(always)]
+            || {
+                for (i, acc) in images.chunks_exact_mut(image.max(1)).enumerate() {
+                    acc.fill(<T::Acc as Element>::from_f64(0.0));
+                    let b = first + i;
+                    let patches = &src[b * positions * row..(b + 1) * positions * row];
+                    let mut at = walk.at(b * positions);
+                    for patch in patches.chunks_exact(row.max(1)) {
+                        walk.taps(&at, |tap, i| {
+                            let (to, from) = (i * c, tap * c);
+                            let sums = acc[to..to + c].iter_mut().zip(&patch[from..from + c]);
+                            for (a, &v) in sums {
+                                *a = *a + v.to_acc();
+                            }
+                        });
+                        walk.advance(&mut at);
+                    }
                 }
-            });
-        }
-    };
-    split_rows(acc, image, &|first, images: &mut [T::Acc]| {
-        for (i, one) in images.chunks_exact_mut(image.max(1)).enumerate() {
-            one.fill(<T::Acc as Element>::from_f64(0.0));
-            one_image(first + i, one);
-        }
+            },
+        )
     });
     Tensor::from_buffer(sums, &Window::dims(n, window.input(), c))?.to_dtype(T::DTYPE)
 }
+/// `dst = src` for one tap's channels: in blocks of 16 elements moved as values, since
+/// a call to `memmove` per tap (what `copy_from_slice` becomes) costs more than copying
+/// the few dozen channels of a convolution.
+#[inline(always)]
+fn copy_channels<T: Copy>(dst: &mut [T], src: &[T]) {
+    let ((blocks, rest), (from, tail)) = (dst.as_chunks_mut::<16>(), src.as_chunks::<16>());
+    for (d, s) in blocks.iter_mut().zip(from) {
+        *d = *s;
+    }
+    for (d, s) in rest.iter_mut().zip(tail) {
+        *d = *s;
+    }
+}
+
 /// `[n, c]` of an `[n, d1, .., dk, c]` tensor whose spatial size is `window`'s input.
 fn check_channels_last(op: &'static str, x: &Tensor, window: &Window) -> Result<[usize; 2]> {
     let d = x.dims();
@@ -717,6 +950,46 @@ mod tests {
     }
 
     #[test]
+    fn max_pool_grad_is_the_scatter_add_of_the_winners() {
+        // Overlapping windows (3 wide, stride 2, `same`): an input element can win for
+        // several outputs, and the sums must follow the flat scatter-add's order.
+        for (input, p) in [([9, 7], Padding::Same), ([8, 8], Padding::Valid)] {
+            let (n, c) = (3, 5);
+            let win = Window::new(&input, &[3, 3], &[2, 2], &[1, 1], p).unwrap();
+            let len = n * input[0] * input[1] * c;
+            // Few distinct values: many ties.
+            let x: Vec<f32> = (0..len).map(|i| ((i * 7) % 5) as f32).collect();
+            let dims = Window::dims(n, &input, c);
+            let xt = Tensor::from_slice(&x, &dims, Device::Cpu).unwrap();
+            let (pooled, at) = xt.max_pool(&win).unwrap();
+            let m = pooled.elem_count();
+            let g: Vec<f32> = (0..m).map(|i| 0.1 + i as f32 * 0.37).collect();
+            let gt = Tensor::from_slice(&g, pooled.dims(), Device::Cpu).unwrap();
+            let want = gt
+                .reshape(&[m])
+                .unwrap()
+                .scatter_add(0, &at.reshape(&[m]).unwrap(), &[len])
+                .unwrap();
+            let got = gt.max_pool_grad(&at, &dims).unwrap();
+            assert_eq!(got.dims(), dims.as_slice());
+            assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        }
+        // A winner outside its own image (image 1's winner pointing into image 0), and
+        // winners of another shape, are errors naming them.
+        let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 1, 2, 1], Device::Cpu).unwrap();
+        let win = Window::new(&[1, 2], &[1, 2], &[1, 2], &[1, 1], Padding::Valid).unwrap();
+        let (pooled, _) = x.max_pool(&win).unwrap();
+        let bad = Tensor::from_slice(&[1i64, 0], &[2, 1, 1, 1], Device::Cpu).unwrap();
+        let e = pooled
+            .max_pool_grad(&bad, &[2, 1, 2, 1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside its own image"), "{e}");
+        let short = Tensor::from_slice(&[1i64], &[1, 1, 1, 1], Device::Cpu).unwrap();
+        assert!(pooled.max_pool_grad(&short, &[2, 1, 2, 1]).is_err());
+    }
+
+    #[test]
     fn threads_do_not_change_a_bit() {
         // Large enough for the parallel paths (more than PARALLEL_MIN elements moved).
         let (n, h, w, c) = (16, 64, 64, 16);
@@ -730,11 +1003,13 @@ mod tests {
             crate::set_num_threads(threads);
             let cols = xt.im2col(&win).unwrap();
             let back = cols.col2im(&win, c).unwrap();
-            let (pooled, _) = xt.max_pool(&win).unwrap();
+            let (pooled, at) = xt.max_pool(&win).unwrap();
+            let unpooled = pooled.max_pool_grad(&at, xt.dims()).unwrap();
             (
                 cols.to_vec::<f32>().unwrap(),
                 back.to_vec::<f32>().unwrap(),
                 pooled.to_vec::<f32>().unwrap(),
+                unpooled.to_vec::<f32>().unwrap(),
             )
         };
         let one = run(1);

@@ -251,25 +251,34 @@ fn map1<T: FloatElement>(x: &Tensor, f: impl Fn(T::Acc) -> T::Acc) -> Result<Ten
     let shape = *x.shape();
     let mut out = Buffer::alloc(T::DTYPE, shape.elem_count(), x.device())?;
     let dst = out.as_mut_slice::<T>()?;
-    vectorize(|| -> Result<()> {
-        if x.is_contiguous() {
-            for (d, &s) in dst.iter_mut().zip(x.as_slice::<T>()?) {
-                *d = T::from_acc(f(s.to_acc()));
-            }
-        } else {
-            let src = x.buffer().as_slice::<T>()?;
-            let strides = x.layout().broadcast_strides(&shape);
-            let (inner, step) = (*shape.last().unwrap_or(&1), inner_stride(&strides, &shape));
-            let mut o = 0;
-            for_each_row(&shape, [&strides], [x.layout().offset()], |[s]| {
-                for (j, d) in dst[o..o + inner].iter_mut().enumerate() {
-                    *d = T::from_acc(f(src[s + j * step].to_acc()));
+    vectorize(
+        #[inline(always)]
+        || -> Result<()> {
+            if x.is_contiguous() {
+                for (d, &s) in dst.iter_mut().zip(x.as_slice::<T>()?) {
+                    *d = T::from_acc(f(s.to_acc()));
                 }
-                o += inner;
-            });
-        }
-        Ok(())
-    })?;
+            } else {
+                let src = x.buffer().as_slice::<T>()?;
+                let strides = x.layout().broadcast_strides(&shape);
+                let (inner, step) = (*shape.last().unwrap_or(&1), inner_stride(&strides, &shape));
+                let mut o = 0;
+                for_each_row(
+                    &shape,
+                    [&strides],
+                    [x.layout().offset()],
+                    #[inline(always)]
+                    |[s]| {
+                        for (j, d) in dst[o..o + inner].iter_mut().enumerate() {
+                            *d = T::from_acc(f(src[s + j * step].to_acc()));
+                        }
+                        o += inner;
+                    },
+                );
+            }
+            Ok(())
+        },
+    )?;
     Tensor::from_buffer(out, &shape)
 }
 
@@ -281,48 +290,60 @@ fn map2<T: FloatElement>(
 ) -> Result<Tensor> {
     let mut out = Buffer::alloc(T::DTYPE, shape.elem_count(), a.device())?;
     let dst = out.as_mut_slice::<T>()?;
-    vectorize(|| -> Result<()> {
-        if a.shape() == shape && b.shape() == shape && a.is_contiguous() && b.is_contiguous() {
-            let (xa, xb) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
-            for ((d, &x), &y) in dst.iter_mut().zip(xa).zip(xb) {
-                *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+    vectorize(
+        #[inline(always)]
+        || -> Result<()> {
+            if a.shape() == shape && b.shape() == shape && a.is_contiguous() && b.is_contiguous() {
+                let (xa, xb) = (a.as_slice::<T>()?, b.as_slice::<T>()?);
+                for ((d, &x), &y) in dst.iter_mut().zip(xa).zip(xb) {
+                    *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        let (xa, xb) = (a.buffer().as_slice::<T>()?, b.buffer().as_slice::<T>()?);
-        let (sa, sb) = (
-            a.layout().broadcast_strides(shape),
-            b.layout().broadcast_strides(shape),
-        );
-        let (ia, ib) = (inner_stride(&sa, shape), inner_stride(&sb, shape));
-        let inner = *shape.last().unwrap_or(&1);
-        let mut o = 0;
-        let offsets = [a.layout().offset(), b.layout().offset()];
-        for_each_row(shape, [&sa, &sb], offsets, |[pa, pb]| {
-            let row = &mut dst[o..o + inner];
-            match (ia, ib) {
-                (1, 1) => {
-                    let (ra, rb) = (&xa[pa..pa + inner], &xb[pb..pb + inner]);
-                    for ((d, &x), &y) in row.iter_mut().zip(ra).zip(rb) {
-                        *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+            let (xa, xb) = (a.buffer().as_slice::<T>()?, b.buffer().as_slice::<T>()?);
+            let (sa, sb) = (
+                a.layout().broadcast_strides(shape),
+                b.layout().broadcast_strides(shape),
+            );
+            let (ia, ib) = (inner_stride(&sa, shape), inner_stride(&sb, shape));
+            let inner = *shape.last().unwrap_or(&1);
+            let mut o = 0;
+            let offsets = [a.layout().offset(), b.layout().offset()];
+            for_each_row(
+                shape,
+                [&sa, &sb],
+                offsets,
+                #[inline(always)]
+                |[pa, pb]| {
+                    let row = &mut dst[o..o + inner];
+                    match (ia, ib) {
+                        (1, 1) => {
+                            let (ra, rb) = (&xa[pa..pa + inner], &xb[pb..pb + inner]);
+                            for ((d, &x), &y) in row.iter_mut().zip(ra).zip(rb) {
+                                *d = T::from_acc(f(x.to_acc(), y.to_acc()));
+                            }
+                        }
+                        (1, 0) => {
+                            let y = xb[pb].to_acc();
+                            for (d, &x) in row.iter_mut().zip(&xa[pa..pa + inner]) {
+                                *d = T::from_acc(f(x.to_acc(), y));
+                            }
+                        }
+                        _ => {
+                            for (j, d) in row.iter_mut().enumerate() {
+                                *d = T::from_acc(f(
+                                    xa[pa + j * ia].to_acc(),
+                                    xb[pb + j * ib].to_acc(),
+                                ));
+                            }
+                        }
                     }
-                }
-                (1, 0) => {
-                    let y = xb[pb].to_acc();
-                    for (d, &x) in row.iter_mut().zip(&xa[pa..pa + inner]) {
-                        *d = T::from_acc(f(x.to_acc(), y));
-                    }
-                }
-                _ => {
-                    for (j, d) in row.iter_mut().enumerate() {
-                        *d = T::from_acc(f(xa[pa + j * ia].to_acc(), xb[pb + j * ib].to_acc()));
-                    }
-                }
-            }
-            o += inner;
-        });
-        Ok(())
-    })?;
+                    o += inner;
+                },
+            );
+            Ok(())
+        },
+    )?;
     Tensor::from_buffer(out, shape)
 }
 

@@ -48,7 +48,7 @@ impl Tensor {
         let x = self.to_device(mirra_device::Device::Cpu)?.contiguous()?;
         with_float!("first_non_finite", x.dtype(), T => {
             let data = x.as_slice::<T>()?;
-            Ok(vectorize(|| first_non_finite::<T>(data)))
+            Ok(vectorize(#[inline(always)] || first_non_finite::<T>(data)))
         })
     }
 }

@@ -219,26 +219,30 @@ fn reduce_kernel<T: FloatElement>(
     let last = shape.rank().checked_sub(1);
     let inner = last.map_or(1, |l| shape[l]);
     let (is, os) = last.map_or((0, 0), |l| (in_strides[l], out_strides[l]));
-    vectorize(|| {
-        for_each_row(
-            &shape,
-            [&in_strides, &out_strides],
-            [x.layout().offset(), 0],
-            |[i, o]| {
-                if os == 0 {
-                    let mut a = dst[o];
-                    for j in 0..inner {
-                        a = f(a, src[i + j * is].to_acc());
+    vectorize(
+        #[inline(always)]
+        || {
+            for_each_row(
+                &shape,
+                [&in_strides, &out_strides],
+                [x.layout().offset(), 0],
+                #[inline(always)]
+                |[i, o]| {
+                    if os == 0 {
+                        let mut a = dst[o];
+                        for j in 0..inner {
+                            a = f(a, src[i + j * is].to_acc());
+                        }
+                        dst[o] = a;
+                    } else {
+                        for (j, d) in dst[o..o + inner].iter_mut().enumerate() {
+                            *d = f(*d, src[i + j * is].to_acc());
+                        }
                     }
-                    dst[o] = a;
-                } else {
-                    for (j, d) in dst[o..o + inner].iter_mut().enumerate() {
-                        *d = f(*d, src[i + j * is].to_acc());
-                    }
-                }
-            },
-        );
-    });
+                },
+            );
+        },
+    );
     if T::DTYPE == <T::Acc as Element>::DTYPE {
         return Tensor::from_buffer(acc, &out_shape);
     }
