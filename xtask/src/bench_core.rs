@@ -158,6 +158,26 @@ fn matmul_plan(quick: bool) -> (Plan, usize) {
 }
 
 /// Runs the benchmark, prints the table and writes the report.
+/// The run-to-run noise of two settings measured in one run: the wider relative spread
+/// (`(max - min) / median`) of their rounds; `None` with fewer than two rounds of each.
+fn rounds_noise(a: &[f64], b: &[f64]) -> Option<f64> {
+    let spread = |v: &[f64]| {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+        (hi - lo) / median(v)
+    };
+    (a.len() > 1 && b.len() > 1).then(|| spread(a).max(spread(b)))
+}
+
+/// "2 threads are not slower than 1" against the run's own noise: the rounds of one
+/// setting spread by several percent on these VMs, so two equal settings would fail a
+/// bare `>=` half the time. Slower means a ratio below 1 by more than the noise
+/// ([`rounds_noise`]).
+fn not_slower(ratio: f64, noise: f64) -> bool {
+    ratio >= 1.0 - noise
+}
+
 pub fn run(args: &[String]) -> Result<(), Failure> {
     let Some(a) = cli::parse::<Args>("xtask bench", args)? else {
         return Ok(());
@@ -411,6 +431,7 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
                 "mirra_samples_per_sec": opt(m, 0),
                 "mirra_samples_per_sec_rounds": ours[i].iter().map(|x| num(*x, 0)).collect::<Vec<_>>(),
                 "mirra_1_thread_samples_per_sec": opt(m1, 0),
+                "mirra_1_thread_samples_per_sec_rounds": ours_1[i].iter().map(|x| num(*x, 0)).collect::<Vec<_>>(),
                 "torch_samples_per_sec": opt(t, 0),
                 "torch_samples_per_sec_rounds": theirs[i].iter().map(|x| num(*x, 0)).collect::<Vec<_>>(),
                 "mirra_over_torch": opt(vs_torch, 3),
@@ -424,12 +445,14 @@ fn mlp_section(a: &Args, threads: usize, rounds: usize, epochs: usize) -> Value 
         if let Some(want) = want {
             targets.insert(format!("vs_torch_batch_{b}"), at_least(want, vs_torch, 3));
         }
+        let noise = rounds_noise(&ours[i], &ours_1[i]);
         targets.insert(
             format!("threads_not_slower_batch_{b}"),
             json!({
-                "min": 1.0,
+                "min": opt(noise.map(|n| 1.0 - n), 3),
+                "noise": opt(noise, 3),
                 "measured": opt(m.zip(m1).map(|(m, m1)| m / m1), 3),
-                "met": m.zip(m1).map(|(m, m1)| m >= m1),
+                "met": m.zip(m1).zip(noise).map(|((m, m1), n)| not_slower(m / m1, n)),
             }),
         );
     }
@@ -697,13 +720,19 @@ pub fn print_table(r: &Value) {
     for (b, want) in TARGET_VS_TORCH {
         let row = &mlp["batches"][b.to_string()];
         println!(
-            "{:<24} {:>12} {:>12} {:>12} {:>8}   >= {want}  {}; threads >= 1 thread  {}",
+            "{:<24} {:>12} {:>12} {:>12} {:>8}   >= {want}  {}; threads / 1 thread {} >= 1 - \
+             noise {}  {}",
             format!("  batch {b}"),
             cell(&row["mirra_samples_per_sec"], 0),
             cell(&row["mirra_1_thread_samples_per_sec"], 0),
             cell(&row["torch_samples_per_sec"], 0),
             cell(&row["mirra_over_torch"], 2),
             mark(&mlp["targets"][format!("vs_torch_batch_{b}")]["met"]),
+            cell(&row["threads_over_1_thread"], 3),
+            cell(
+                &mlp["targets"][format!("threads_not_slower_batch_{b}")]["noise"],
+                3
+            ),
             mark(&mlp["targets"][format!("threads_not_slower_batch_{b}")]["met"]),
         );
     }
@@ -804,6 +833,21 @@ pub fn print_table(r: &Value) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn threads_are_slower_only_beyond_the_runs_noise() {
+        // Equal settings, 4% apart round to round: not slower.
+        let (two, one) = ([100.0, 104.0, 101.0], [103.0, 99.0, 102.0]);
+        let noise = super::rounds_noise(&two, &one).unwrap();
+        assert!((noise - 0.04).abs() < 0.002, "{noise}");
+        assert!(super::not_slower(101.0 / 102.0, noise));
+        // 10% slower with the same noise: slower.
+        let slow = [90.0, 93.6, 90.9];
+        let noise = super::rounds_noise(&slow, &one).unwrap();
+        assert!(!super::not_slower(90.9 / 102.0, noise));
+        // One round of either: no noise figure, so no verdict.
+        assert_eq!(super::rounds_noise(&[1.0], &one), None);
+    }
+
     use super::*;
     use crate::cli::args;
 
