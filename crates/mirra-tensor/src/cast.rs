@@ -19,7 +19,10 @@ where
 {
     split_rows(dst, PIECE, &|first, part| {
         let at = first * PIECE;
-        part.convert_from_f32_slice(&src[at..at + part.len()]);
+        mirra_device::vectorize(
+            #[inline(always)]
+            || part.convert_from_f32_slice(&src[at..at + part.len()]),
+        );
     });
 }
 
@@ -30,7 +33,10 @@ where
 {
     split_rows(dst, PIECE, &|first, part| {
         let at = first * PIECE;
-        src[at..at + part.len()].convert_to_f32_slice(part);
+        mirra_device::vectorize(
+            #[inline(always)]
+            || src[at..at + part.len()].convert_to_f32_slice(part),
+        );
     });
 }
 
