@@ -136,7 +136,7 @@ impl Tape {
 fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
     *slot = Some(match slot.take() {
         None => g,
-        Some(prev) => prev.add(&g)?,
+        Some(prev) => prev.accumulate(&g)?,
     });
     Ok(())
 }

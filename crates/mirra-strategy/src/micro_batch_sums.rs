@@ -160,7 +160,7 @@ impl MicroBatchSums {
                     _ => None,
                 })
             };
-            let add = |a: Leaf, b: Leaf| a.add(&b);
+            let add = |a: Leaf, b: Leaf| a.accumulate(&b);
             let mut own = Vec::new();
             for node in plan.subtrees(self.rank) {
                 own.push((

@@ -4,13 +4,15 @@
 //! Each micro-batch's gradients, with the step's scalars beside them (its loss), are a
 //! [`Leaf`] of the tree: one tensor per parameter, added element by element, laid out flat
 //! only on the wire. A replica sums its own subtrees (two halves at once on its kernel
-//! pool); one all-gather gives every replica every replica's subtrees, each sending as
-//! many slots as the replica that owns the most (slots it does not fill are never read);
-//! the top of the tree is then summed by node, in the same order everywhere
-//! ([`sum_across`]), so every replica holds the bits one replica summing every micro-batch
-//! alone would. The cost against the bucketed all-reduce: nothing overlaps backward, one
-//! addition of the gradients per micro-batch, and each replica receives every replica's
-//! subtrees (`replicas × slots` gradients' bytes) where a ring moves two passes' worth.
+//! pool); one all-gather gives every replica the subtrees it needs, each sending as many
+//! slots as the replica that owns the most (slots it does not fill are never read); the
+//! top of the tree is then summed by node, in the same order everywhere ([`sum_across`]),
+//! so every replica holds the bits one replica summing every micro-batch alone would.
+//! The cost against the bucketed all-reduce: nothing overlaps backward, one addition of
+//! the gradients per micro-batch (in place, [`Tensor::accumulate`]), and for large
+//! gradients each replica receives its chunk of every other replica's subtrees
+//! (`(replicas - 1) / replicas × slots` gradients' bytes, a ring's reduce-scatter), then
+//! the other chunks of the sum.
 
 use std::collections::HashMap;
 
@@ -131,7 +133,7 @@ impl TreeReducer {
         leaf: &(impl Fn(usize) -> std::result::Result<Leaf, E> + Sync),
     ) -> std::result::Result<TreeSum, E> {
         let count = plan.count();
-        let add = |a: Leaf, b: Leaf| -> std::result::Result<Leaf, E> { Ok(a.add(&b)?) };
+        let add = |a: Leaf, b: Leaf| -> std::result::Result<Leaf, E> { Ok(a.accumulate(&b)?) };
         let leaves = |n: Node| -> std::result::Result<Option<Leaf>, E> {
             if n.size > 1 {
                 return Ok(None);
@@ -183,9 +185,14 @@ impl Leaf {
         self.0
     }
 
-    /// `self + other`, tensor by tensor, element by element.
-    pub fn add(&self, other: &Leaf) -> Result<Leaf> {
-        let sums = self.0.iter().zip(&other.0).map(|(x, y)| Ok(x.add(y)?));
+    /// `self + other`, tensor by tensor, element by element: over `self`'s buffers where
+    /// it owns them alone ([`Tensor::accumulate`]; the same bits as a fresh sum).
+    pub fn accumulate(self, other: &Leaf) -> Result<Leaf> {
+        let sums = self
+            .0
+            .into_iter()
+            .zip(&other.0)
+            .map(|(x, y)| Ok(x.accumulate(y)?));
         Ok(Leaf(sums.collect::<Result<_>>()?))
     }
 }
@@ -196,12 +203,13 @@ const CHUNKED_TOP_MIN: usize = 1 << 14;
 
 /// The sum of the whole tree on every rank of `comm`: `own` holds this rank's subtrees
 /// ([`MicroBatches::subtrees`], summed), each a [`Leaf`] of tensors of `dims` in `dtype`.
-/// One all-gather gives every rank every rank's subtrees (each sends
-/// `plan.max_subtrees()` slots; slots a rank does not fill are never read). The top of the
-/// tree is then summed by node, in the same order: for large leaves each rank sums one
-/// chunk of the elements and a second all-gather shares the chunks (reduce-scatter's
-/// division of the work; an element's sum is the same whoever computes it), for small ones
-/// every rank sums all of it.
+/// The top of the tree is summed by node, in the same order on every rank. For small
+/// leaves one all-gather gives every rank every rank's subtrees (each sends
+/// `plan.max_subtrees()` slots; slots a rank does not fill are never read) and every rank
+/// sums all of it. For large ones each rank sums one chunk of the elements: one all-gather
+/// carries, from each rank, the chunk every other rank sums of each of its subtrees (an
+/// all-to-all), and a second shares the summed chunks (reduce-scatter's division of the
+/// work; an element's sum is the same whoever computes it).
 pub(crate) fn sum_across(
     comm: &dyn Communicator,
     plan: &MicroBatches,
@@ -216,7 +224,7 @@ pub(crate) fn sum_across(
             plan.replicas()
         )));
     }
-    let add = |a: Leaf, b: Leaf| a.add(&b);
+    let add = |a: Leaf, b: Leaf| a.accumulate(&b);
     let top = |parts: HashMap<Node, Leaf>| {
         let _span = trace::span("compute", "the top of the tree");
         let known = |n: Node| Ok(parts.get(&n).cloned());
@@ -227,36 +235,6 @@ pub(crate) fn sum_across(
     }
     let len: usize = dims.iter().map(|d| d.iter().product::<usize>()).sum();
     let slots = plan.max_subtrees();
-    let all = {
-        let _span = trace::span("comm", "all-gather the tree's subtrees");
-        let mut send = Buffer::alloc(dtype, slots * len, Device::Cpu).map_err(TensorError::from)?;
-        let mut at = 0;
-        for (node, leaf) in &own {
-            debug_assert!(plan.subtrees(rank).contains(node));
-            for t in &leaf.0 {
-                let t = t.contiguous()?;
-                let n = t.elem_count();
-                send.copy_range_from(at, t.buffer(), t.layout().offset(), n)
-                    .map_err(TensorError::from)?;
-                at += n;
-            }
-        }
-        let mut all =
-            Buffer::alloc(dtype, world * slots * len, Device::Cpu).map_err(TensorError::from)?;
-        comm.all_gather(&send, &mut all)?;
-        Tensor::from_buffer(all, &[world * slots * len])?
-    };
-    // Every rank's slots, as elements `range` of each flat leaf.
-    let slots_of = |range: std::ops::Range<usize>| -> Result<HashMap<Node, Tensor>> {
-        let mut parts = HashMap::new();
-        for r in 0..world {
-            for (j, node) in plan.subtrees(r).into_iter().enumerate() {
-                let at = (r * slots + j) * len + range.start;
-                parts.insert(node, all.narrow(0, at, range.len())?);
-            }
-        }
-        Ok(parts)
-    };
     // The flat sum as tensors of `dims` (views).
     let shaped = |flat: &Tensor| -> Result<Leaf> {
         let mut at = 0;
@@ -269,18 +247,75 @@ pub(crate) fn sum_across(
         Ok(Leaf(tensors))
     };
     let one = |t: Tensor| Leaf(vec![t]);
+    // This rank's subtrees as contiguous tensors (a transposed gradient copied once).
+    let own: Vec<(Node, Vec<Tensor>)> = own
+        .into_iter()
+        .map(|(node, leaf)| {
+            debug_assert!(plan.subtrees(rank).contains(&node));
+            let tensors = leaf.0.iter().map(Tensor::contiguous);
+            Ok((node, tensors.collect::<std::result::Result<_, _>>()?))
+        })
+        .collect::<Result<_>>()?;
     if len < CHUNKED_TOP_MIN * world {
-        let parts = slots_of(0..len)?.into_iter().map(|(n, t)| (n, one(t)));
-        let total = top(parts.collect())?;
+        let all = {
+            let _span = trace::span("comm", "all-gather the tree's subtrees");
+            let mut send =
+                Buffer::alloc(dtype, slots * len, Device::Cpu).map_err(TensorError::from)?;
+            for (j, (_, tensors)) in own.iter().enumerate() {
+                copy_flat(tensors, 0..len, &mut send, j * len)?;
+            }
+            let mut all = Buffer::alloc(dtype, world * slots * len, Device::Cpu)
+                .map_err(TensorError::from)?;
+            comm.all_gather(&send, &mut all)?;
+            Tensor::from_buffer(all, &[world * slots * len])?
+        };
+        let mut parts = HashMap::new();
+        for r in 0..world {
+            for (j, node) in plan.subtrees(r).into_iter().enumerate() {
+                parts.insert(node, one(all.narrow(0, (r * slots + j) * len, len)?));
+            }
+        }
+        let total = top(parts)?;
         return shaped(&total.0[0]);
     }
-    // This rank's chunk of the top, then every rank's chunk.
+    // Chunk `q` of the elements is rank q's to sum. Rank r sends each other rank the
+    // chunk it sums of each of r's subtrees (an all-to-all, carried by one all-gather:
+    // `world - 1` chunks per slot from each rank, a ring's worth of bytes); slots a rank
+    // does not fill, and the tails of short chunks, are never read.
     let chunk = len.div_ceil(world);
-    let mine = (rank * chunk).min(len)..((rank + 1) * chunk).min(len);
-    let parts = slots_of(mine.clone())?
-        .into_iter()
-        .map(|(n, t)| (n, one(t)));
-    let sum = top(parts.collect())?;
+    let range = |q: usize| (q * chunk).min(len)..((q + 1) * chunk).min(len);
+    let others = world - 1;
+    let per_rank = slots * others * chunk;
+    let mine = range(rank);
+    let all = {
+        let _span = trace::span("comm", "all-gather the tree's subtrees");
+        let mut send = Buffer::alloc(dtype, per_rank, Device::Cpu).map_err(TensorError::from)?;
+        for (j, (_, tensors)) in own.iter().enumerate() {
+            let to = (0..world).filter(|&q| q != rank);
+            for (k, q) in to.enumerate() {
+                copy_flat(tensors, range(q), &mut send, (j * others + k) * chunk)?;
+            }
+        }
+        let mut all =
+            Buffer::alloc(dtype, world * per_rank, Device::Cpu).map_err(TensorError::from)?;
+        comm.all_gather(&send, &mut all)?;
+        Tensor::from_buffer(all, &[world * per_rank])?
+    };
+    let mut parts = HashMap::new();
+    for (node, tensors) in &own {
+        let mut flat = Buffer::alloc(dtype, mine.len(), Device::Cpu).map_err(TensorError::from)?;
+        copy_flat(tensors, mine.clone(), &mut flat, 0)?;
+        parts.insert(*node, one(Tensor::from_buffer(flat, &[mine.len()])?));
+    }
+    for r in (0..world).filter(|&r| r != rank) {
+        // This rank's place among the ranks r sends to.
+        let k = if rank < r { rank } else { rank - 1 };
+        for (j, node) in plan.subtrees(r).into_iter().enumerate() {
+            let at = r * per_rank + (j * others + k) * chunk;
+            parts.insert(node, one(all.narrow(0, at, mine.len())?));
+        }
+    }
+    let sum = top(parts)?;
     let _span = trace::span("comm", "all-gather the top's chunks");
     let mut send = Buffer::alloc(dtype, chunk, Device::Cpu).map_err(TensorError::from)?;
     let t = sum.0[0].contiguous()?;
@@ -289,6 +324,28 @@ pub(crate) fn sum_across(
     let mut total = Buffer::alloc(dtype, world * chunk, Device::Cpu).map_err(TensorError::from)?;
     comm.all_gather(&send, &mut total)?;
     shaped(&Tensor::from_buffer(total, &[world * chunk])?)
+}
+
+/// Copies elements `range` of the concatenation of `tensors` (contiguous) into `dst` from
+/// `at` on.
+fn copy_flat(
+    tensors: &[Tensor],
+    range: std::ops::Range<usize>,
+    dst: &mut Buffer,
+    at: usize,
+) -> Result<()> {
+    let mut start = 0;
+    for t in tensors {
+        let n = t.elem_count();
+        let (lo, hi) = (range.start.max(start), range.end.min(start + n));
+        if lo < hi {
+            let from = t.layout().offset() + lo - start;
+            dst.copy_range_from(at + lo - range.start, t.buffer(), from, hi - lo)
+                .map_err(TensorError::from)?;
+        }
+        start += n;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -366,14 +423,15 @@ mod tests {
     }
 
     /// A leaf large enough for the top of the tree to be summed in chunks (70,001
-    /// elements: 2-4 ranks chunk it) gives one replica's bits too.
+    /// elements: 2-4 ranks chunk it, the last chunk ending in the scalars' tensor; 3 ranks
+    /// own up to two subtrees each) gives one replica's bits too, on every backend.
     #[test]
     fn a_large_leaf_summed_in_chunks_has_one_replicas_bits() {
         let n = 70_000;
         let params = [Tensor::zeros(&[n], DType::F32, Device::Cpu).unwrap()];
-        let sum_on = |world: usize| -> Vec<Vec<u32>> {
+        let sum_on = |world: usize, backend: &str| -> Vec<Vec<u32>> {
             let plan = MicroBatches::new(1, 7, world).unwrap();
-            let comms = cpu_group("ring", world, mirra_collectives::Config::default()).unwrap();
+            let comms = cpu_group(backend, world, mirra_collectives::Config::default()).unwrap();
             std::thread::scope(|s| {
                 let hs: Vec<_> = comms
                     .into_iter()
@@ -397,11 +455,13 @@ mod tests {
                 hs.into_iter().map(|h| h.join().unwrap()).collect()
             })
         };
-        let one = sum_on(1).remove(0);
-        for world in 2..=4 {
-            assert!(70_001 >= CHUNKED_TOP_MIN * world, "{world} ranks chunk it");
-            for got in sum_on(world) {
-                assert!(got == one, "{world} ranks");
+        let one = sum_on(1, "ring").remove(0);
+        for backend in mirra_collectives::BACKENDS {
+            for world in 2..=4 {
+                assert!(70_001 >= CHUNKED_TOP_MIN * world, "{world} ranks chunk it");
+                for got in sum_on(world, backend) {
+                    assert!(got == one, "{backend}, {world} ranks");
+                }
             }
         }
     }

@@ -208,6 +208,13 @@ impl Tensor {
         Arc::try_unwrap(buffer).map_err(|buffer| Tensor { buffer, layout })
     }
 
+    /// This tensor's buffer, mutably, when the tensor is its only owner (no other tensor
+    /// or view shares it); `None` otherwise. For kernels that write in place only what
+    /// nothing else can see.
+    pub(crate) fn unshared_buffer_mut(&mut self) -> Option<&mut Buffer> {
+        Arc::get_mut(&mut self.buffer)
+    }
+
     /// The elements, mutably. Makes the tensor contiguous and its buffer unshared first
     /// (copying when needed), so the write is seen by this tensor alone.
     pub fn data_mut<T: Element>(&mut self) -> Result<&mut [T]> {

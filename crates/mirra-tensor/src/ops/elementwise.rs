@@ -216,6 +216,49 @@ impl Tensor {
         with_float!(op.name(), self.dtype(), T => run_binary::<T>(op, self, rhs, &shape))
     }
 
+    /// `self + rhs`, written over this tensor's buffer when the tensor owns it alone and
+    /// `rhs` has the same shape, dtype and layout over a whole buffer of its own length
+    /// (contiguous, or one permutation of both: a transposed gradient and another); a
+    /// new tensor, as [`add`](Tensor::add) gives, otherwise. The same bits either way:
+    /// what gradient accumulation and deterministic mode's tree of sums use, to add
+    /// without a fresh buffer each time.
+    pub fn accumulate(mut self, rhs: &Tensor) -> Result<Tensor> {
+        let len = self.buffer().len();
+        let whole = |t: &Tensor| {
+            t.layout().offset() == 0
+                && t.elem_count() == len
+                && t.buffer().len() == len
+                && (t.is_contiguous() || t.layout().is_dense_permutation(len))
+        };
+        let fits = self.dtype() == rhs.dtype()
+            && self.dtype().is_float()
+            && self.layout() == rhs.layout()
+            && self.device().is_cpu()
+            && rhs.device().is_cpu()
+            && whole(&self)
+            && whole(rhs);
+        if !fits {
+            return self.add(rhs);
+        }
+        let dtype = self.dtype();
+        let Some(buffer) = self.unshared_buffer_mut() else {
+            return self.add(rhs);
+        };
+        with_float!("accumulate", dtype, T => {
+            let (dst, src) = (buffer.as_mut_slice::<T>()?, rhs.buffer().as_slice::<T>()?);
+            vectorize(
+                #[inline(always)]
+                || {
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d = T::from_acc(d.to_acc() + s.to_acc());
+                    }
+                },
+            );
+            Ok(())
+        })?;
+        Ok(self)
+    }
+
     /// `x * mul + add`, element-wise.
     pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor> {
         if !self.device().is_cpu() {
@@ -354,6 +397,54 @@ mod tests {
 
     fn t(v: &[f32], s: &[usize]) -> Tensor {
         Tensor::from_slice(v, s, Device::Cpu).unwrap()
+    }
+
+    /// `accumulate` gives `add`'s values and layout whether it writes in place (a tensor
+    /// that owns its buffer, contiguous or permuted like the other) or not (a shared
+    /// buffer, which must stay as it was; a broadcast; another dtype).
+    #[test]
+    fn accumulate_is_add_in_place_or_not() {
+        let a: Vec<f32> = (0..24).map(|v| v as f32 * 0.37 - 4.0).collect();
+        let b: Vec<f32> = (0..24).map(|v| (v * 5 % 7) as f32 * 1.3 - 2.0).collect();
+        let (a, b) = (t(&a, &[2, 3, 4]), t(&b, &[2, 3, 4]));
+        let fresh = |x: &Tensor| x.contiguous().unwrap().copy().unwrap();
+        for perm in [None, Some([2, 0, 1])] {
+            let view = |x: Tensor| match perm {
+                Some(p) => x.permute(&p).unwrap(),
+                None => x,
+            };
+            let (x, y) = (view(fresh(&a)), view(fresh(&b)));
+            let want = x.add(&y).unwrap();
+            let at = x.buffer().as_slice::<f32>().unwrap().as_ptr();
+            let got = x.accumulate(&y).unwrap();
+            assert_eq!(got.layout(), want.layout(), "{perm:?}");
+            assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            let same = got.buffer().as_slice::<f32>().unwrap().as_ptr();
+            assert_eq!(same, at, "{perm:?}: written in place");
+        }
+        // Shared: the other owner keeps its values.
+        let x = fresh(&a);
+        let keep = x.clone();
+        let got = x.accumulate(&b).unwrap();
+        assert_eq!(
+            got.to_vec::<f32>().unwrap(),
+            a.add(&b).unwrap().to_vec::<f32>().unwrap()
+        );
+        assert_eq!(keep.to_vec::<f32>().unwrap(), a.to_vec::<f32>().unwrap());
+        // A broadcast and mixed layouts: the sum all the same.
+        let row = t(&[1.0, 2.0, 3.0, 4.0], &[4]);
+        let got = fresh(&a).accumulate(&row).unwrap();
+        assert_eq!(
+            got.to_vec::<f32>().unwrap(),
+            a.add(&row).unwrap().to_vec::<f32>().unwrap()
+        );
+        let tb = fresh(&b).permute(&[0, 2, 1]).unwrap().contiguous().unwrap();
+        let ta = fresh(&a).permute(&[0, 2, 1]).unwrap();
+        let got = ta.clone().accumulate(&tb).unwrap();
+        assert_eq!(
+            got.to_vec::<f32>().unwrap(),
+            ta.add(&tb).unwrap().to_vec::<f32>().unwrap()
+        );
     }
 
     /// Two views with the same permutation of whole buffers are combined over their
