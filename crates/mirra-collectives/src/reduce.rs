@@ -203,7 +203,9 @@ const BLOCK: usize = 512;
 
 /// The kernel: `dst = first ⊕ srcs[0] ⊕ srcs[1] ⊕ ...`, left to right, where `first` is
 /// `dst` itself when `accumulate` and `srcs[0]` otherwise; then divided by `divide` when
-/// given. Every slice must have `dst.len()` elements.
+/// given. Every slice must have `dst.len()` elements. Always inlined, so that the loops
+/// compile for the vector width [`combine_op`]'s `vectorize` picks.
+#[inline(always)]
 pub(crate) fn combine<T: Reducible, B: Bin<T>>(
     dst: &mut [T],
     accumulate: bool,
@@ -275,14 +277,17 @@ pub(crate) fn combine_op<T: Reducible>(
     world: usize,
 ) {
     let divide = (finalize && op == ReduceOp::Mean && world > 1).then_some(world);
-    // Sums of gradients near zero: subnormals flushed as everywhere else in mirra.
-    mirra_device::denormals::ensure_this_thread();
-    match op {
-        ReduceOp::Sum | ReduceOp::Mean => combine::<T, AddOp>(dst, accumulate, srcs, divide),
-        ReduceOp::Product => combine::<T, MulOp>(dst, accumulate, srcs, divide),
-        ReduceOp::Max => combine::<T, MaxOp>(dst, accumulate, srcs, divide),
-        ReduceOp::Min => combine::<T, MinOp>(dst, accumulate, srcs, divide),
-    }
+    // Sums of gradients near zero: subnormals flushed as everywhere else in mirra (which
+    // `vectorize` sees to on this thread).
+    mirra_device::vectorize(
+        #[inline(always)]
+        || match op {
+            ReduceOp::Sum | ReduceOp::Mean => combine::<T, AddOp>(dst, accumulate, srcs, divide),
+            ReduceOp::Product => combine::<T, MulOp>(dst, accumulate, srcs, divide),
+            ReduceOp::Max => combine::<T, MaxOp>(dst, accumulate, srcs, divide),
+            ReduceOp::Min => combine::<T, MinOp>(dst, accumulate, srcs, divide),
+        },
+    )
 }
 
 /// Runs `$body` with `$T` bound to the Rust type of a runtime [`DType`].
