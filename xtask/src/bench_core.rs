@@ -157,7 +157,6 @@ fn matmul_plan(quick: bool) -> (Plan, usize) {
     (p, 4)
 }
 
-/// Runs the benchmark, prints the table and writes the report.
 /// The run-to-run noise of two settings measured in one run: the wider relative spread
 /// (`(max - min) / median`) of their rounds; `None` with fewer than two rounds of each.
 fn rounds_noise(a: &[f64], b: &[f64]) -> Option<f64> {
@@ -178,6 +177,7 @@ fn not_slower(ratio: f64, noise: f64) -> bool {
     ratio >= 1.0 - noise
 }
 
+/// Runs the benchmark, prints the table and writes the report.
 pub fn run(args: &[String]) -> Result<(), Failure> {
     let Some(a) = cli::parse::<Args>("xtask bench", args)? else {
         return Ok(());

@@ -227,8 +227,23 @@ pub(crate) fn sum_across(
     let add = |a: Leaf, b: Leaf| a.accumulate(&b);
     let top = |parts: HashMap<Node, Leaf>| {
         let _span = trace::span("compute", "the top of the tree");
-        let known = |n: Node| Ok(parts.get(&n).cloned());
+        // Each node is asked for once: its value moves out, so that a part this rank
+        // owns alone is added into in place.
+        let parts = std::sync::Mutex::new(parts);
+        let known = |n: Node| Ok(parts.lock().unwrap_or_else(|e| e.into_inner()).remove(&n));
         tree_sum(plan.root(), plan.count(), 1, &known, &add, &Sequential)
+    };
+    // One all-gather of `per_rank` elements from each rank, this rank's filled by `fill`.
+    let all_gather = |what: &'static str,
+                      per_rank: usize,
+                      fill: &dyn Fn(&mut Buffer) -> Result<()>| {
+        let _span = trace::span("comm", what);
+        let mut send = Buffer::alloc(dtype, per_rank, Device::Cpu).map_err(TensorError::from)?;
+        fill(&mut send)?;
+        let mut all =
+            Buffer::alloc(dtype, world * per_rank, Device::Cpu).map_err(TensorError::from)?;
+        comm.all_gather(&send, &mut all)?;
+        Ok::<_, StrategyError>(Tensor::from_buffer(all, &[world * per_rank])?)
     };
     if world == 1 {
         return top(own.into_iter().collect());
@@ -257,18 +272,12 @@ pub(crate) fn sum_across(
         })
         .collect::<Result<_>>()?;
     if len < CHUNKED_TOP_MIN * world {
-        let all = {
-            let _span = trace::span("comm", "all-gather the tree's subtrees");
-            let mut send =
-                Buffer::alloc(dtype, slots * len, Device::Cpu).map_err(TensorError::from)?;
+        let all = all_gather("all-gather the tree's subtrees", slots * len, &|send| {
             for (j, (_, tensors)) in own.iter().enumerate() {
-                copy_flat(tensors, 0..len, &mut send, j * len)?;
+                copy_flat(tensors, 0..len, send, j * len)?;
             }
-            let mut all = Buffer::alloc(dtype, world * slots * len, Device::Cpu)
-                .map_err(TensorError::from)?;
-            comm.all_gather(&send, &mut all)?;
-            Tensor::from_buffer(all, &[world * slots * len])?
-        };
+            Ok(())
+        })?;
         let mut parts = HashMap::new();
         for r in 0..world {
             for (j, node) in plan.subtrees(r).into_iter().enumerate() {
@@ -287,20 +296,15 @@ pub(crate) fn sum_across(
     let others = world - 1;
     let per_rank = slots * others * chunk;
     let mine = range(rank);
-    let all = {
-        let _span = trace::span("comm", "all-gather the tree's subtrees");
-        let mut send = Buffer::alloc(dtype, per_rank, Device::Cpu).map_err(TensorError::from)?;
+    let all = all_gather("all-gather the tree's subtrees", per_rank, &|send| {
         for (j, (_, tensors)) in own.iter().enumerate() {
             let to = (0..world).filter(|&q| q != rank);
             for (k, q) in to.enumerate() {
-                copy_flat(tensors, range(q), &mut send, (j * others + k) * chunk)?;
+                copy_flat(tensors, range(q), send, (j * others + k) * chunk)?;
             }
         }
-        let mut all =
-            Buffer::alloc(dtype, world * per_rank, Device::Cpu).map_err(TensorError::from)?;
-        comm.all_gather(&send, &mut all)?;
-        Tensor::from_buffer(all, &[world * per_rank])?
-    };
+        Ok(())
+    })?;
     let mut parts = HashMap::new();
     for (node, tensors) in &own {
         let mut flat = Buffer::alloc(dtype, mine.len(), Device::Cpu).map_err(TensorError::from)?;
@@ -316,14 +320,11 @@ pub(crate) fn sum_across(
         }
     }
     let sum = top(parts)?;
-    let _span = trace::span("comm", "all-gather the top's chunks");
-    let mut send = Buffer::alloc(dtype, chunk, Device::Cpu).map_err(TensorError::from)?;
-    let t = sum.0[0].contiguous()?;
-    send.copy_range_from(0, t.buffer(), t.layout().offset(), mine.len())
-        .map_err(TensorError::from)?;
-    let mut total = Buffer::alloc(dtype, world * chunk, Device::Cpu).map_err(TensorError::from)?;
-    comm.all_gather(&send, &mut total)?;
-    shaped(&Tensor::from_buffer(total, &[world * chunk])?)
+    let total = all_gather("all-gather the top's chunks", chunk, &|send| {
+        let t = sum.0[0].contiguous()?;
+        copy_flat(&[t], 0..mine.len(), send, 0)
+    })?;
+    shaped(&total)
 }
 
 /// Copies elements `range` of the concatenation of `tensors` (contiguous) into `dst` from

@@ -55,6 +55,13 @@ impl Layout {
         true
     }
 
+    /// True when this layout visits each of the `len` elements of a buffer exactly once,
+    /// in row-major order or another order of its dimensions.
+    pub(crate) fn covers(&self, len: usize) -> bool {
+        let whole = self.offset == 0 && self.shape.elem_count() == len;
+        (whole && self.is_contiguous()) || self.is_dense_permutation(len)
+    }
+
     /// True when this layout visits each of the `len` elements of a buffer exactly once
     /// in some order of its dimensions (a transpose or permutation of a contiguous
     /// tensor that fills the buffer), but not in row-major order.

@@ -115,6 +115,18 @@ pub fn join<RA: Send, RB: Send>(
 /// thread costs 0.1-0.8 ms on the development machines).
 pub(crate) const PARALLEL_MIN: usize = 1 << 20;
 
+/// How many of `units` (rows, items) each kernel thread takes when `work` elements are
+/// worth waking them for, with this thread's pool ready; `None`: run them all here. The
+/// one decision behind every split below.
+fn per_thread(units: usize, work: usize) -> Option<usize> {
+    let threads = num_threads();
+    if threads <= 1 || work < PARALLEL_MIN || units < 2 {
+        return None;
+    }
+    ensure_rayon_pool();
+    Some(units.div_ceil(threads))
+}
+
 /// Runs `f(first_row, rows)` over `data` cut into rows of `row` elements, on this thread's
 /// kernel threads ([`num_threads`](crate::num_threads)) when there is enough to move, each
 /// call with a run of whole rows and the index of its first.
@@ -135,14 +147,10 @@ pub(crate) fn split_rows_by_work<E: Send>(
     work: usize,
     f: &(dyn Fn(usize, &mut [E]) + Sync),
 ) {
-    let threads = crate::num_threads();
-    let rows = data.len() / row.max(1);
-    if threads <= 1 || work < PARALLEL_MIN || rows < 2 {
+    let Some(per) = per_thread(data.len() / row.max(1), work) else {
         f(0, data);
         return;
-    }
-    ensure_rayon_pool();
-    let per = rows.div_ceil(threads);
+    };
     rayon::scope(|s| {
         for (i, part) in data.chunks_mut(per * row).enumerate() {
             s.spawn(move |_| f(i * per, part));
@@ -162,14 +170,10 @@ pub(crate) fn split_row_pairs<A: Send, B: Send>(
     work: usize,
     f: &RowPairs<'_, A, B>,
 ) {
-    let threads = crate::num_threads();
-    let rows = a.len() / row_a.max(1);
-    if threads <= 1 || work < PARALLEL_MIN || rows < 2 {
+    let Some(per) = per_thread(a.len() / row_a.max(1), work) else {
         f(0, a, b);
         return;
-    }
-    ensure_rayon_pool();
-    let per = rows.div_ceil(threads);
+    };
     rayon::scope(|s| {
         let parts = a.chunks_mut(per * row_a).zip(b.chunks_mut(per * row_b));
         for (i, (a, b)) in parts.enumerate() {
@@ -182,13 +186,10 @@ pub(crate) fn split_row_pairs<A: Send, B: Send>(
 /// `work` (elements moved in all) is enough to be worth waking them; in order on this
 /// thread otherwise. Which thread runs an item never changes what it computes.
 pub(crate) fn for_each_split<I: Send>(items: Vec<I>, work: usize, f: &(dyn Fn(I) + Sync)) {
-    let threads = num_threads();
-    if threads <= 1 || work < PARALLEL_MIN || items.len() < 2 {
+    let Some(per) = per_thread(items.len(), work) else {
         items.into_iter().for_each(f);
         return;
-    }
-    ensure_rayon_pool();
-    let per = items.len().div_ceil(threads);
+    };
     let mut items = items.into_iter();
     rayon::scope(|s| loop {
         let run: Vec<I> = items.by_ref().take(per).collect();

@@ -629,6 +629,7 @@ fn col2im_kernel<T: FloatElement>(
     });
     Tensor::from_buffer(sums, &Window::dims(n, window.input(), c))?.to_dtype(T::DTYPE)
 }
+
 /// `dst = src` for one tap's channels: in blocks of 16 elements moved as values, since
 /// a call to `memmove` per tap (what `copy_from_slice` becomes) costs more than copying
 /// the few dozen channels of a convolution.
