@@ -126,22 +126,18 @@ fn mirra_step_seconds(shape: &ConvShape, plan: Plan) -> Result<(f64, f64), Strin
         .map_err(|e| err(&e))?;
     let kernel = uniform
         .init(
-            &[shape.k * shape.k * shape.c_in, shape.c_out],
+            &[shape.k, shape.k, shape.c_in, shape.c_out],
             DType::F32,
             Device::Cpu,
             &mut r,
         )
         .map_err(|e| err(&e))?;
-    let positions = window.positions();
-    let rows = shape.k * shape.k * shape.c_in;
     let tape = Tape::new();
     let step = || -> Result<(), String> {
         let xv = tape.param(x.clone(), 0);
         let kv = tape.param(kernel.clone(), 1);
         let y = xv
-            .im2col(&window)
-            .and_then(|p| p.reshape(&[shape.batch * positions, rows]))
-            .and_then(|p| p.matmul(&kv))
+            .conv(&kv, &window)
             .and_then(|y| y.sum(&[], false))
             .map_err(|e| err(&e))?;
         let grads = tape.backward(&y).map_err(|e| err(&e))?;

@@ -2,7 +2,7 @@
 
 use mirra_tensor::{Tensor, UnaryOp};
 
-use crate::op::{Node, Op, NONE};
+use crate::op::{Conv, Node, Op, NONE};
 use crate::{AutogradError, Result};
 
 /// Calls `emit(input, grad)` for every input of `node` that needs a gradient.
@@ -107,6 +107,19 @@ pub(crate) fn input_grads(
         Op::Gather { axis, index } => to(ia, &|| Ok(g.scatter_add(*axis, index, dims(ia))?))?,
         Op::MaskMul { mask } => to(ia, &|| Ok(g.mul(mask)?))?,
         Op::Im2Col { window, channels } => to(ia, &|| Ok(g.col2im(window, *channels)?))?,
+        Op::Conv(conv) => {
+            let Conv {
+                x,
+                kernel,
+                window,
+                patches,
+            } = &**conv;
+            to(ia, &|| Ok(g.conv_input_grad(kernel, window)?))?;
+            to(ib, &|| {
+                Ok(x.conv_kernel_grad(&g, window, patches)?
+                    .reshape(kernel.dims())?)
+            })?;
+        }
         Op::Linear { map } => to(ia, &|| {
             map.adjoint(&g)
                 .map_err(|message| AutogradError::Map { message })

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mirra_tensor::{DType, Shape, Tensor, UnaryOp, Window};
+use mirra_tensor::{ConvPatches, DType, Shape, Tensor, UnaryOp, Window};
 
 use crate::LinearMap;
 
@@ -102,6 +102,8 @@ pub(crate) enum Op {
         window: Window,
         channels: usize,
     },
+    /// A convolution (boxed: its operands and geometry are large beside the other ops).
+    Conv(Box<Conv>),
     /// A caller's linear map (a sum across replicas); the gradient is its adjoint.
     Linear {
         map: Arc<dyn LinearMap>,
@@ -121,6 +123,16 @@ pub(crate) enum Op {
         scale: Tensor,
         parts: [usize; 3],
     },
+}
+
+/// What a convolution's backward needs: its input `x`, its `kernel`, its `window`, and the
+/// `patches` its forward pass kept for the kernel gradient.
+#[derive(Debug)]
+pub(crate) struct Conv {
+    pub x: Tensor,
+    pub kernel: Tensor,
+    pub window: Window,
+    pub patches: ConvPatches,
 }
 
 impl Op {

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use mirra_tensor::{BinaryOp, DType, Shape, Tensor, UnaryOp, Window};
 
-use crate::op::{Op, NONE};
+use crate::op::{Conv, Op, NONE};
 use crate::tape::Gradients;
 use crate::{AutogradError, LinearMap, Result, Tape};
 
@@ -289,6 +289,20 @@ impl<'t> Var<'t> {
             window: *window,
             channels,
         }))
+    }
+
+    /// The convolution of this channels-last `[n, d1, .., dk, c]` value with `kernel`
+    /// (`[k1, .., kk, c, f]`) over `window`, without bias ([`Tensor::conv`]).
+    pub fn conv(&self, kernel: &Var<'t>, window: &Window) -> Result<Var<'t>> {
+        let (value, patches) = self.value.conv(&kernel.value, window)?;
+        self.from2(kernel, value, || {
+            Op::Conv(Box::new(Conv {
+                x: self.value.clone(),
+                kernel: kernel.value.clone(),
+                window: *window,
+                patches,
+            }))
+        })
     }
 
     /// The largest tap of each `window` over this channels-last `[n, d1, .., dk, c]` value, per channel

@@ -18,7 +18,9 @@
 use std::sync::Arc;
 
 use mirra_autograd::{LinearMap, Tape, Var};
-use mirra_tensor::{DType, Device, Padding, Tensor, UnaryOp, Window};
+use mirra_tensor::{
+    set_conv_algorithm, ConvAlgorithm, DType, Device, Padding, Tensor, UnaryOp, Window,
+};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, TestCaseError};
@@ -635,26 +637,23 @@ proptest! {
         filters in 1usize..=3,
         seed: u64,
     ) {
-        // A Conv1D/2D/3D layer as the layers build it: patches, a matrix product with the
-        // kernel reshaped to [taps * c, f], back to [n, o1, .., ok, f], plus a bias.
-        let n = x.dims[0];
+        // A Conv1D/2D/3D layer as the layers build it: the convolution op plus a bias,
+        // with each of the tensor crate's algorithms (shifted falls back to patches where
+        // stride or dilation is not 1).
         let c = x.dims[x.dims.len() - 1];
         let rows = win.taps() * c;
         let mut kernel_dims = win.kernel().to_vec();
         kernel_dims.extend([c, filters]);
         let kernel = Arr { dims: kernel_dims, data: weights(seed ^ 1, rows * filters) };
         let bias = Arr { dims: vec![filters], data: weights(seed ^ 2, filters) };
-        let mut out = vec![n];
-        out.extend(win.output());
-        out.push(filters);
-        let positions = win.positions();
-        check(seed, &[x, kernel, bias], |v| {
-            v[0].im2col(&win)?
-                .reshape(&[n * positions, rows])?
-                .matmul(&v[1].reshape(&[rows, filters])?)?
-                .reshape(&out)?
-                .add(&v[2])
-        })?;
+        for algorithm in [ConvAlgorithm::Im2col, ConvAlgorithm::Shifted] {
+            set_conv_algorithm(algorithm);
+            let checked = check(seed, &[x.clone(), kernel.clone(), bias.clone()], |v| {
+                v[0].conv(&v[1], &win)?.add(&v[2])
+            });
+            set_conv_algorithm(ConvAlgorithm::Auto);
+            checked?;
+        }
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Convolution layers, channels-last as Keras's: `Conv1D`, `Conv2D` and `Conv3D`, one
 //! generic [`Conv`] over the number of spatial dimensions.
 //!
-//! A convolution is the patches of its window (`im2col`, whose gradient is `col2im`) times
-//! the kernel reshaped to a matrix: one matrix product through the gemm path, and every
-//! gradient from the ops the tape already has.
+//! A convolution is one op of the tape ([`Var::conv`]): the tensor crate computes it and
+//! its gradients as the patches of its window times the kernel, or as products of
+//! shifted views of the padded input, whichever suits the shape.
 
 use mirra_autograd::Var;
 use mirra_tensor::init::Initializer;
@@ -110,16 +110,7 @@ impl<const D: usize> Conv<D> {
 
     fn conv<'t>(&self, x: &Var<'t>, params: &[Var<'t>]) -> Result<Var<'t>> {
         let window = self.window.as_ref().ok_or(NnError::NotBuilt)?;
-        let n = x.shape().first().copied().unwrap_or(0);
-        let rows = window.taps() * x.shape().last().copied().unwrap_or(0);
-        let mut out = vec![n];
-        out.extend_from_slice(window.output());
-        out.push(self.filters);
-        let z = x
-            .im2col(window)?
-            .reshape(&[n * window.positions(), rows])?
-            .matmul(&params[0].reshape(&[rows, self.filters])?)?
-            .reshape(&out)?;
+        let z = x.conv(&params[0], window)?;
         Ok(if self.use_bias { z.add(&params[1])? } else { z })
     }
 }

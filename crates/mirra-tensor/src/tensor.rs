@@ -295,13 +295,25 @@ impl Tensor {
             let strides = self.layout.broadcast_strides(&shape);
             let inner = *shape.last().unwrap_or(&1);
             let step = if shape.rank() == 0 { 0 } else { strides[shape.rank() - 1] };
-            let mut o = 0;
-            for_each_row(&shape, [&strides], [self.layout.offset()], |[s]| {
-                for j in 0..inner {
-                    dst[o + j] = src[s + j * step];
-                }
-                o += inner;
-            });
+            if !dst.is_empty() && strides[..shape.rank()].iter().all(|&s| s == 0) {
+                // One element broadcast (the gradient of a sum): a fill.
+                dst.fill(src[self.layout.offset()]);
+            } else {
+                let mut o = 0;
+                for_each_row(&shape, [&strides], [self.layout.offset()], |[s]| {
+                    let row = &mut dst[o..o + inner];
+                    match step {
+                        1 => row.copy_from_slice(&src[s..s + inner]),
+                        0 => row.fill(src[s]),
+                        _ => {
+                            for (j, d) in row.iter_mut().enumerate() {
+                                *d = src[s + j * step];
+                            }
+                        }
+                    }
+                    o += inner;
+                });
+            }
         });
         Tensor::from_buffer(out, &shape)
     }

@@ -211,7 +211,7 @@ impl Window {
     }
 
     /// `[n, d1, .., dk, c]` for spatial dimensions `spatial`.
-    fn dims(n: usize, spatial: &[usize], c: usize) -> Vec<usize> {
+    pub(super) fn dims(n: usize, spatial: &[usize], c: usize) -> Vec<usize> {
         let mut dims = Vec::with_capacity(spatial.len() + 2);
         dims.push(n);
         dims.extend_from_slice(spatial);
@@ -645,7 +645,11 @@ fn copy_channels<T: Copy>(dst: &mut [T], src: &[T]) {
 }
 
 /// `[n, c]` of an `[n, d1, .., dk, c]` tensor whose spatial size is `window`'s input.
-fn check_channels_last(op: &'static str, x: &Tensor, window: &Window) -> Result<[usize; 2]> {
+pub(super) fn check_channels_last(
+    op: &'static str,
+    x: &Tensor,
+    window: &Window,
+) -> Result<[usize; 2]> {
     let d = x.dims();
     let spatial = window.input();
     if d.len() != spatial.len() + 2 || d[1..=spatial.len()] != *spatial {

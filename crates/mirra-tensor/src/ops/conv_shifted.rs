@@ -1,0 +1,559 @@
+//! Stride-1 convolutions as matrix products of shifted views of the padded input: no
+//! patches are written (`im2col` copies every input element once per tap).
+//!
+//! Lay the input out zero-padded on a grid of `p1 x p2 x p3` positions per image (its
+//! padded size, `p = output + kernel - 1` for stride 1) and give the output the same
+//! grid, its positions at the grid's origin corner. Output position `g` of the flat grid
+//! then reads input position `g + off(t)` for tap `t = (t1, t2, t3)`, with `off(t) = (t1 ·
+//! p2 + t2) · p3 + t3`, for every image at once. The taps of one `(t1, t2)` along the
+//! last dimension are consecutive grid positions, and their channels consecutive
+//! elements, so `[rows, k3 · c]` with row stride `c` is a view of the padded input, not a
+//! copy: the forward pass is `k1 · k2` products `out += view(t1, t2) · kernel(t1, t2)`.
+//! The gradients are two more of the same kind:
+//!
+//! - input: the output gradient on the grid, after `reach = off(k - 1)` zero rows, read
+//!   at `q + off(u)` is `dy[q - off(t)]` for the flipped tap `u = k - 1 - t`, so
+//!   `dpadded += view(u1, u2) · flipped(u1, u2)`, the kernel flipped and transposed;
+//! - kernel: `dkernel(t1, t2) = view(t1, t2)ᵀ · dy`, summed over the grid.
+//!
+//! The grid holds positions the output does not (the last `k - 1` of each dimension),
+//! computed and dropped: `grid rows / output positions` more work, which is why
+//! `convolution` takes this path only for shapes where that is small.
+//!
+//! Rows are cut into fixed chunks (not one per thread), each chunk's products run on one
+//! thread, and the kernel gradient sums its chunks' partial sums in chunk order, so the
+//! result has the same bits for any thread count.
+
+use mirra_device::{vectorize, Buffer, Device, Element};
+
+use crate::threads::for_each_split;
+use crate::{Result, Window, MAX_SPATIAL};
+
+/// The element types of this path: those gemm multiplies whose arithmetic is their own
+/// (f32, f64).
+pub(super) trait Float: Element + std::ops::Add<Output = Self> {}
+impl Float for f32 {}
+impl Float for f64 {}
+
+/// Output elements per chunk of grid rows: a chunk's output (and its rows of the input)
+/// stays in the core's cache while its `k1 · k2` products add into it.
+const CHUNK_ELEMS: usize = 1 << 16;
+
+/// Runs of positions (their grid starts and first rows) and the output rows they fill.
+#[cfg(target_arch = "x86_64")]
+type RunsInto<'a> = (&'a [(usize, usize)], &'a mut [f32]);
+
+/// What [`Grid::run`] computes, and from what.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Pass {
+    /// The output, from the input and the kernel.
+    Forward,
+    /// The input gradient, from the output gradient and the kernel.
+    InputGrad,
+    /// The kernel gradient, from the input and the output gradient.
+    KernelGrad,
+}
+
+/// The geometry of a stride-1 window on the grid, every dimension three deep (leading
+/// ones for 1D and 2D, as [`Window`] stores them).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Grid {
+    n: usize,
+    c: usize,
+    f: usize,
+    input: [usize; MAX_SPATIAL],
+    output: [usize; MAX_SPATIAL],
+    kernel: [usize; MAX_SPATIAL],
+    pad: [usize; MAX_SPATIAL],
+    /// The padded input's size, which the output shares as its grid.
+    dims: [usize; MAX_SPATIAL],
+}
+
+/// `s` after leading `fill`s, three dimensions deep.
+fn deep(s: &[usize], fill: usize) -> [usize; MAX_SPATIAL] {
+    let mut d = [fill; MAX_SPATIAL];
+    d[MAX_SPATIAL - s.len()..].copy_from_slice(s);
+    d
+}
+
+impl Grid {
+    /// The grid of `window` over `n` images of `c` channels to `f` filters; `None` unless
+    /// every stride and dilation is 1.
+    pub(super) fn new(window: &Window, n: usize, c: usize, f: usize) -> Option<Grid> {
+        if window
+            .stride()
+            .iter()
+            .chain(window.dilation())
+            .any(|&s| s != 1)
+        {
+            return None;
+        }
+        let (output, kernel) = (deep(window.output(), 1), deep(window.kernel(), 1));
+        Some(Grid {
+            n,
+            c,
+            f,
+            input: deep(window.input(), 1),
+            output,
+            kernel,
+            pad: deep(window.pad(), 0),
+            dims: std::array::from_fn(|d| output[d] + kernel[d] - 1),
+        })
+    }
+
+    /// Grid positions per image.
+    fn image(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Grid rows of the whole batch.
+    fn rows(&self) -> usize {
+        self.n * self.image()
+    }
+
+    /// Whether operands of `dtype` run on this CPU's own kernels, which compute the kept
+    /// positions only (gemm computes every grid row).
+    pub(super) fn runs_native(&self, dtype: mirra_device::DType) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use super::shifted_avx512::{available, takes};
+            dtype == mirra_device::DType::F32 && available() && takes(self.c) && takes(self.f)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = dtype;
+            false
+        }
+    }
+
+    /// Grid rows gemm computes per output position kept: the extra work of that path.
+    pub(super) fn overhead(&self) -> f64 {
+        self.image() as f64 / self.output.iter().product::<usize>().max(1) as f64
+    }
+
+    /// The grid offset of tap `(t1, t2, 0)`.
+    fn offset(&self, t1: usize, t2: usize) -> usize {
+        (t1 * self.dims[1] + t2) * self.dims[2]
+    }
+
+    /// The offset of the last tap: how far past a row the forward pass reads.
+    fn reach(&self) -> usize {
+        let k = self.kernel;
+        self.offset(k[0] - 1, k[1] - 1) + k[2] - 1
+    }
+
+    /// The `(t1, t2)` tap pairs in kernel order, with their grid offsets.
+    fn tap_pairs(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.kernel[0] * self.kernel[1])
+            .map(|i| (i, self.offset(i / self.kernel[1], i % self.kernel[1])))
+    }
+
+    /// The runs of `size`'s last dimension when `size` sits at `at` of an image of the
+    /// grid: for each, the grid position where it starts in the image and its first
+    /// position in `size`, in order (`size1 · size2` runs of `size3` positions).
+    fn image_runs(&self, size: [usize; 3], at: [usize; 3]) -> Vec<(usize, usize)> {
+        (0..size[0] * size[1])
+            .map(|r| {
+                let (i1, i2) = (r / size[1], r % size[1]);
+                let start = ((i1 + at[0]) * self.dims[1] + i2 + at[1]) * self.dims[2] + at[2];
+                (start, r * size[2])
+            })
+            .collect()
+    }
+
+    /// `src`, `n` blocks of `size` positions of `ch` elements, written into `grid` (whole
+    /// images of the grid, `ch` elements a position) at offset `at` of each image, zeros
+    /// around.
+    fn scatter<T: Float>(
+        &self,
+        src: &[T],
+        size: [usize; 3],
+        at: [usize; 3],
+        ch: usize,
+        grid: &mut [T],
+    ) {
+        let (runs, run) = (self.image_runs(size, at), size[2] * ch);
+        let block = size.iter().product::<usize>() * ch;
+        let work = grid.len();
+        let images: Vec<(usize, &mut [T])> = grid
+            .chunks_mut((self.image() * ch).max(1))
+            .enumerate()
+            .collect();
+        for_each_split(images, work, &|(b, image): (usize, &mut [T])| {
+            image.fill(T::default());
+            let src = &src[b * block..(b + 1) * block];
+            for &(start, first) in &runs {
+                image[start * ch..start * ch + run]
+                    .copy_from_slice(&src[first * ch..first * ch + run]);
+            }
+        });
+    }
+
+    /// The inverse of [`scatter`](Grid::scatter): the `size` positions at `at` of each
+    /// image of `grid` into `dst`.
+    fn gather<T: Float>(
+        &self,
+        grid: &[T],
+        size: [usize; 3],
+        at: [usize; 3],
+        ch: usize,
+        dst: &mut [T],
+    ) {
+        let (runs, run) = (self.image_runs(size, at), size[2] * ch);
+        let image = self.image() * ch;
+        let work = dst.len();
+        let blocks: Vec<(usize, &mut [T])> = dst
+            .chunks_mut((size.iter().product::<usize>() * ch).max(1))
+            .enumerate()
+            .collect();
+        for_each_split(blocks, work, &|(b, block): (usize, &mut [T])| {
+            let grid = &grid[b * image..(b + 1) * image];
+            for &(start, first) in &runs {
+                block[first * ch..first * ch + run]
+                    .copy_from_slice(&grid[start * ch..start * ch + run]);
+            }
+        });
+    }
+
+    /// The input `x` (`[n, d1, d2, d3, c]`, contiguous) on the grid, with `reach` zero rows
+    /// after it (what the last rows' taps read).
+    fn padded_input<T: Float>(&self, x: &[T]) -> Result<Buffer> {
+        let body = self.rows() * self.c;
+        let mut buf = Buffer::alloc(T::DTYPE, body + self.reach() * self.c, Device::Cpu)?;
+        let padded = buf.as_mut_slice::<T>()?;
+        padded[body..].fill(T::default());
+        self.scatter(x, self.input, self.pad, self.c, &mut padded[..body]);
+        Ok(buf)
+    }
+
+    /// The output gradient `dy` (`[n, o1, o2, o3, f]`) on the grid after `reach` zero rows,
+    /// zeros where the grid has no output.
+    fn padded_grad<T: Float>(&self, dy: &[T]) -> Result<Buffer> {
+        let lead = self.reach() * self.f;
+        let mut buf = Buffer::alloc(T::DTYPE, lead + self.rows() * self.f, Device::Cpu)?;
+        let grid = buf.as_mut_slice::<T>()?;
+        grid[..lead].fill(T::default());
+        self.scatter(dy, self.output, [0; 3], self.f, &mut grid[lead..]);
+        Ok(buf)
+    }
+
+    /// Grid rows per chunk when rows are `width` elements wide.
+    fn chunk_rows(width: usize) -> usize {
+        (CHUNK_ELEMS / width.max(1)).max(16)
+    }
+
+    /// `Σ over (t1, t2)` of `src` rows `g + offset(t1, t2)` (row stride `src_ch`, `k3 ·
+    /// src_ch` wide) times `weights` block `(t1, t2)` (`[k3 · src_ch, dst_ch]`), for
+    /// every grid row `g`, into `dst` (`rows x dst_ch`): what both the forward pass and
+    /// the input gradient compute, through gemm.
+    fn shifted_products<T: Float>(
+        &self,
+        src: &[T],
+        src_ch: usize,
+        weights: &[T],
+        dst: &mut [T],
+        dst_ch: usize,
+    ) {
+        let k = self.kernel[2] * src_ch;
+        let rows = Grid::chunk_rows(dst_ch.max(src_ch));
+        let chunks: Vec<(usize, &mut [T])> = dst.chunks_mut(rows * dst_ch).enumerate().collect();
+        let work = self.rows() * k * dst_ch * self.kernel[0] * self.kernel[1];
+        for_each_split(chunks, work, &|(i, out): (usize, &mut [T])| {
+            mirra_device::denormals::ensure_this_thread();
+            let (first, m) = (i * rows, out.len() / dst_ch);
+            for (pair, offset) in self.tap_pairs() {
+                let at = (first + offset) * src_ch;
+                let (lhs, rhs) = (
+                    &src[at..at + (m - 1) * src_ch + k],
+                    &weights[pair * k * dst_ch..(pair + 1) * k * dst_ch],
+                );
+                product(
+                    m,
+                    dst_ch,
+                    k,
+                    out,
+                    pair > 0,
+                    (lhs, src_ch, 1),
+                    (rhs, dst_ch, 1),
+                );
+            }
+        });
+    }
+
+    /// [`image_runs`](Grid::image_runs) of every image, as rows of the whole batch.
+    fn run_starts(&self, size: [usize; 3], at: [usize; 3]) -> Vec<(usize, usize)> {
+        let runs = self.image_runs(size, at);
+        let block = size.iter().product::<usize>();
+        (0..self.n)
+            .flat_map(|b| {
+                runs.iter()
+                    .map(move |&(start, first)| (b * self.image() + start, b * block + first))
+            })
+            .collect()
+    }
+
+    /// The runs of a chunk: enough to keep a chunk's rows `width` wide in cache.
+    fn runs_per_chunk(&self, len: usize, width: usize) -> usize {
+        (CHUNK_ELEMS / (len * width).max(1)).max(1)
+    }
+
+    /// [`shifted_products`](Grid::shifted_products) on this CPU's own kernels, for the
+    /// positions of `size` at `at` only (no grid positions outside them): `dst` is
+    /// `[n, size.., dst_ch]`.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn native_products(
+        &self,
+        src: &[f32],
+        src_ch: usize,
+        weights: &[f32],
+        dst: &mut [f32],
+        dst_ch: usize,
+        size: [usize; 3],
+        at: [usize; 3],
+    ) {
+        let len = size[2];
+        let runs = self.run_starts(size, at);
+        let per = self.runs_per_chunk(len, dst_ch.max(src_ch));
+        let offsets: Vec<usize> = self.tap_pairs().map(|(_, offset)| offset).collect();
+        let inner = self.kernel[2] * src_ch;
+        let products = super::shifted_avx512::Products {
+            src,
+            stride: src_ch,
+            inner,
+            offsets: &offsets,
+            weights,
+            n: dst_ch,
+        };
+        let work = dst.len() * inner * offsets.len();
+        let chunks: Vec<RunsInto<'_>> = runs
+            .chunks(per)
+            .zip(dst.chunks_mut(per * len * dst_ch))
+            .collect();
+        for_each_split(chunks, work, &|(runs, out): (
+            &[(usize, usize)],
+            &mut [f32],
+        )| {
+            mirra_device::denormals::ensure_this_thread();
+            for (&(start, _), out) in runs.iter().zip(out.chunks_mut(len * dst_ch)) {
+                products.rows(start, out);
+            }
+        });
+    }
+
+    /// `pass` from its two operands into `out` (shapes as the passes below say).
+    pub(super) fn run<T: Float>(&self, pass: Pass, a: &[T], b: &[T], out: &mut [T]) -> Result<()> {
+        match pass {
+            Pass::Forward => self.forward(a, b, out),
+            Pass::InputGrad => self.input_grad(a, b, out),
+            Pass::KernelGrad => self.kernel_grad(a, b, out),
+        }
+    }
+
+    /// The forward pass: `x` (`[n, d.., c]`) with `kernel` (`[k.., c, f]`) into `y`
+    /// (`[n, o.., f]`).
+    fn forward<T: Float>(&self, x: &[T], kernel: &[T], y: &mut [T]) -> Result<()> {
+        let padded = self.padded_input(x)?;
+        let src = padded.as_slice::<T>()?;
+        #[cfg(target_arch = "x86_64")]
+        if let Some((src, kernel, y)) = native(src, kernel, y, [self.c, self.f]) {
+            self.native_products(src, self.c, kernel, y, self.f, self.output, [0; 3]);
+            return Ok(());
+        }
+        let mut out = Buffer::alloc(T::DTYPE, self.rows() * self.f, Device::Cpu)?;
+        let grid = out.as_mut_slice::<T>()?;
+        self.shifted_products(src, self.c, kernel, grid, self.f);
+        self.gather(grid, self.output, [0; 3], self.f, y);
+        Ok(())
+    }
+
+    /// The input gradient: `dy` (`[n, o.., f]`) through `kernel` (`[k.., c, f]`) into
+    /// `dx` (`[n, d.., c]`).
+    fn input_grad<T: Float>(&self, dy: &[T], kernel: &[T], dx: &mut [T]) -> Result<()> {
+        let (c, f, k) = (self.c, self.f, self.kernel);
+        let taps = k.iter().product::<usize>();
+        // flipped[u][f][c] = kernel[taps - 1 - u][c][f]: tap order reversed in every
+        // dimension at once, each tap's matrix transposed.
+        let mut flipped = vec![T::default(); taps * c * f];
+        for (u, block) in flipped.chunks_exact_mut(c * f).enumerate() {
+            let t = &kernel[(taps - 1 - u) * c * f..(taps - u) * c * f];
+            for (fi, row) in block.chunks_exact_mut(c).enumerate() {
+                for (ci, v) in row.iter_mut().enumerate() {
+                    *v = t[ci * f + fi];
+                }
+            }
+        }
+        let grad = self.padded_grad(dy)?;
+        let src = grad.as_slice::<T>()?;
+        #[cfg(target_arch = "x86_64")]
+        if let Some((src, flipped, dx)) = native(src, &flipped, dx, [f, c]) {
+            self.native_products(src, f, flipped, dx, c, self.input, self.pad);
+            return Ok(());
+        }
+        let mut out = Buffer::alloc(T::DTYPE, self.rows() * c, Device::Cpu)?;
+        let grid = out.as_mut_slice::<T>()?;
+        self.shifted_products(src, f, &flipped, grid, c);
+        self.gather(grid, self.input, self.pad, c, dx);
+        Ok(())
+    }
+
+    /// The kernel gradient: `Σ` over positions of `x`'s taps times `dy`, into `dk`
+    /// (`[k.., c, f]`).
+    fn kernel_grad<T: Float>(&self, x: &[T], dy: &[T], dk: &mut [T]) -> Result<()> {
+        let padded = self.padded_input(x)?;
+        let src = padded.as_slice::<T>()?;
+        let block = self.kernel[2] * self.c * self.f;
+        #[cfg(target_arch = "x86_64")]
+        if let Some((src, dy, dk)) = native(src, dy, dk, [self.c, self.f]) {
+            let (len, runs) = (self.output[2], self.run_starts(self.output, [0; 3]));
+            let per = self.runs_per_chunk(len, self.c.max(self.f));
+            let work = self.n * self.output.iter().product::<usize>() * dk.len();
+            self.sum_chunks(dk, runs.chunks(per).collect(), work, |runs, part| {
+                for (pair, offset) in self.tap_pairs() {
+                    let reduction = super::shifted_avx512::Reduction {
+                        src: &src[offset * self.c..],
+                        stride: self.c,
+                        inner: self.kernel[2] * self.c,
+                        dy,
+                        n: self.f,
+                        runs,
+                        len,
+                    };
+                    reduction.block(&mut part[pair * block..(pair + 1) * block]);
+                }
+            });
+            return Ok(());
+        }
+        let grad = self.padded_grad(dy)?;
+        let grad = &grad.as_slice::<T>()?[self.reach() * self.f..];
+        let (c, f, k) = (self.c, self.f, self.kernel[2] * self.c);
+        let rows = Grid::chunk_rows(c.max(f));
+        let firsts: Vec<usize> = (0..self.rows()).step_by(rows).collect();
+        self.sum_chunks(dk, firsts, self.rows() * dk.len(), |first, part| {
+            let m = rows.min(self.rows() - first);
+            let dy = &grad[first * f..(first + m) * f];
+            for (pair, offset) in self.tap_pairs() {
+                let at = (first + offset) * c;
+                let lhs = &src[at..at + (m - 1) * c + k];
+                product(
+                    k,
+                    f,
+                    m,
+                    &mut part[pair * block..(pair + 1) * block],
+                    false,
+                    (lhs, 1, c),
+                    (dy, f, 1),
+                );
+            }
+        });
+        Ok(())
+    }
+
+    /// `dk` = the sum, in chunk order, of `part(chunk, partial)` over `chunks`, each
+    /// partial sum computed on its own (by whichever thread) into zeros.
+    fn sum_chunks<T: Float, C: Send>(
+        &self,
+        dk: &mut [T],
+        chunks: Vec<C>,
+        work: usize,
+        part: impl Fn(C, &mut [T]) + Sync,
+    ) {
+        let mut partial = vec![T::default(); chunks.len() * dk.len()];
+        let items: Vec<(C, &mut [T])> = chunks
+            .into_iter()
+            .zip(partial.chunks_mut(dk.len().max(1)))
+            .collect();
+        for_each_split(items, work, &|(chunk, into): (C, &mut [T])| {
+            mirra_device::denormals::ensure_this_thread();
+            part(chunk, into);
+        });
+        dk.fill(T::default());
+        for part in partial.chunks_exact(dk.len().max(1)) {
+            vectorize(
+                #[inline(always)]
+                || {
+                    for (d, &p) in dk.iter_mut().zip(part) {
+                        *d = *d + p;
+                    }
+                },
+            );
+        }
+    }
+}
+
+/// The operands as f32 for this CPU's own kernels, when `T` is f32 and the CPU has them
+/// for these widths (input and output channels); `None` otherwise.
+#[cfg(target_arch = "x86_64")]
+fn native<'a, T: Element>(
+    a: &'a [T],
+    b: &'a [T],
+    out: &'a mut [T],
+    widths: [usize; 2],
+) -> Option<(&'a [f32], &'a [f32], &'a mut [f32])> {
+    use super::shifted_avx512::{available, takes};
+    if !(available() && widths.iter().all(|&w| takes(w))) {
+        return None;
+    }
+    Some((as_f32(a)?, as_f32(b)?, as_f32_mut(out)?))
+}
+
+/// `s` as f32s when `T` is f32.
+fn as_f32<T: Element>(s: &[T]) -> Option<&[f32]> {
+    (T::DTYPE == mirra_device::DType::F32).then(|| bytemuck::cast_slice(s))
+}
+
+/// `s` as f32s when `T` is f32.
+fn as_f32_mut<T: Element>(s: &mut [T]) -> Option<&mut [f32]> {
+    (T::DTYPE == mirra_device::DType::F32).then(|| bytemuck::cast_slice_mut(s))
+}
+
+/// `dst = [dst +] lhs · rhs` on this thread, `m x k` by `k x n` into `m x n` (row stride
+/// `n`); each operand with its (row, column) strides, its slice covering every element it
+/// reads.
+fn product<T: Float>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [T],
+    accumulate: bool,
+    (lhs, lhs_rs, lhs_cs): (&[T], usize, usize),
+    (rhs, rhs_rs, rhs_cs): (&[T], usize, usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rs: usize, cs: usize, r: usize, c: usize| (r - 1) * rs + (c - 1) * cs;
+    assert!(
+        dst.len() >= m * n
+            && (k == 0
+                || (lhs.len() > last(lhs_rs, lhs_cs, m, k)
+                    && rhs.len() > last(rhs_rs, rhs_cs, k, n))),
+        "a product's operands do not cover its shape"
+    );
+    // SAFETY: the assertion above: every element the (m, k) x (k, n) product reads with
+    // these strides lies inside its slice, and dst holds the m x n result with strides
+    // (n, 1). T is f32 or f64, which gemm supports.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            T::from_f64(1.0),
+            T::from_f64(1.0),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! The shifted convolution's f32 products on AVX-512 (`conv_shifted` runs them where the
+//! CPU has it, and gemm otherwise).
+//!
+//! gemm runs a product whose output is 16 columns wide (a 16-filter layer) through its
+//! narrowest micro-kernel, six accumulators of 16 lanes, and reads the output back for
+//! each of the `k1 · k2` products added into it. These kernels hold a block of output
+//! rows in registers across every tap of the window: `R` rows of `16 · NV` columns, each
+//! input element broadcast once per block and multiplied with one row of weights. The
+//! output is written once.
+//!
+//! Every output element is the sum over taps, then over the tap's inner index, in that
+//! order, whatever block or chunk its row falls in, so the bits do not depend on how rows
+//! are cut between threads.
+
+use std::arch::x86_64::{
+    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+};
+
+/// Whether this CPU runs these kernels (checked once).
+pub(super) fn available() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+}
+
+/// Whether the kernels take an output (or reduction) width of `n` columns.
+pub(super) fn takes(n: usize) -> bool {
+    n.is_multiple_of(16) && (16..=64).contains(&n)
+}
+
+/// A sum of shifted products: output row `g` is `Σ_p Σ_i src[(g + offsets[p]) · stride + i]
+/// · weights[p][i][..]` for `i < inner`, `weights` one `[inner, n]` block per offset.
+pub(super) struct Products<'a> {
+    pub src: &'a [f32],
+    pub stride: usize,
+    pub inner: usize,
+    pub offsets: &'a [usize],
+    pub weights: &'a [f32],
+    pub n: usize,
+}
+
+impl Products<'_> {
+    /// Output rows `first .. first + dst.len() / n` into `dst` (row-major, `n` wide).
+    pub(super) fn rows(&self, first: usize, dst: &mut [f32]) {
+        let (n, m) = (self.n, dst.len() / self.n.max(1));
+        assert!(
+            available() && takes(n),
+            "the AVX-512 products run on AVX-512, 16 to 64 wide"
+        );
+        let reach = self.offsets.iter().copied().max().unwrap_or(0);
+        assert!(
+            m == 0
+                || ((first + m - 1 + reach) * self.stride + self.inner <= self.src.len()
+                    && self.weights.len() >= self.offsets.len() * self.inner * n),
+            "shifted products read past their operands"
+        );
+        // SAFETY: AVX-512F is present (asserted); every row block reads source rows
+        // below first + m + reach, inside `src` by the assertion, weights inside
+        // `weights`, and writes its rows of `dst`.
+        unsafe {
+            match n / 16 {
+                1 => self.blocks::<14, 1>(first, dst),
+                2 => self.blocks::<14, 2>(first, dst),
+                3 => self.blocks::<8, 3>(first, dst),
+                _ => self.blocks::<7, 4>(first, dst),
+            }
+        }
+    }
+
+    /// Blocks of `R` rows, then what is left in blocks of 4, then 2 and 1 (a run of
+    /// 7 positions is not a multiple of 6).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn blocks<const R: usize, const NV: usize>(&self, first: usize, dst: &mut [f32]) {
+        let m = dst.len() / self.n;
+        let mut r = 0;
+        while r < m {
+            let at = dst[r * self.n..].as_mut_ptr();
+            // SAFETY: the caller's bounds; each block's rows r .. r + taken lie below m.
+            let taken = unsafe {
+                match m - r {
+                    left if left >= R => {
+                        self.block::<R, NV>(first + r, at);
+                        R
+                    }
+                    left if left >= 4 => {
+                        self.block::<4, NV>(first + r, at);
+                        4
+                    }
+                    left if left >= 2 => {
+                        self.block::<2, NV>(first + r, at);
+                        2
+                    }
+                    _ => {
+                        self.block::<1, NV>(first + r, at);
+                        1
+                    }
+                }
+            };
+            r += taken;
+        }
+    }
+
+    /// Output rows `g .. g + R` into `dst` (`R x 16·NV`, row stride `n`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn block<const R: usize, const NV: usize>(&self, g: usize, dst: *mut f32) {
+        // SAFETY: the caller's bounds: every source row g + r + offset and weight row read lies
+        // inside the operands, and dst holds R rows of n.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NV]; R];
+            for (p, &offset) in self.offsets.iter().enumerate() {
+                let x = self.src.as_ptr().add((g + offset) * self.stride);
+                let w = self.weights.as_ptr().add(p * self.inner * self.n);
+                for i in 0..self.inner {
+                    let mut wv = [_mm512_setzero_ps(); NV];
+                    for (j, v) in wv.iter_mut().enumerate() {
+                        *v = _mm512_loadu_ps(w.add(i * self.n + 16 * j));
+                    }
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let xb = _mm512_set1_ps(*x.add(r * self.stride + i));
+                        for (a, &v) in acc.iter_mut().zip(&wv) {
+                            *a = _mm512_fmadd_ps(xb, v, *a);
+                        }
+                    }
+                }
+            }
+            store::<R, NV>(&acc, dst, self.n);
+        }
+    }
+}
+
+/// A kernel gradient's products for one tap pair: `dk[i][..] = Σ_(start, row) Σ_t<len
+/// src[(start + t) · stride + i] · dy[row + t][..]` for `i < inner`, over `runs` of `len`
+/// positions, in order (`src` begins at the pair's offset).
+pub(super) struct Reduction<'a> {
+    pub src: &'a [f32],
+    pub stride: usize,
+    pub inner: usize,
+    pub dy: &'a [f32],
+    pub n: usize,
+    pub runs: &'a [(usize, usize)],
+    pub len: usize,
+}
+
+impl Reduction<'_> {
+    /// The block into `dk` (`inner x n`, row-major).
+    pub(super) fn block(&self, dk: &mut [f32]) {
+        let n = self.n;
+        assert!(
+            available() && takes(n),
+            "the AVX-512 products run on AVX-512, 16 to 64 wide"
+        );
+        let inside = self.runs.iter().all(|&(start, row)| {
+            self.len == 0
+                || ((start + self.len - 1) * self.stride + self.inner <= self.src.len()
+                    && (row + self.len) * n <= self.dy.len())
+        });
+        assert!(
+            dk.len() >= self.inner * n && inside,
+            "a kernel gradient's products read past their operands"
+        );
+        // SAFETY: AVX-512F is present and every read lies inside the operands (asserted).
+        unsafe {
+            match n / 16 {
+                1 => self.columns::<16, 1>(dk),
+                2 => self.columns::<12, 2>(dk),
+                3 => self.columns::<8, 3>(dk),
+                _ => self.columns::<6, 4>(dk),
+            }
+        }
+    }
+
+    /// Blocks of `R` inner indices, then the last ones one at a time.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn columns<const R: usize, const NV: usize>(&self, dk: &mut [f32]) {
+        let full = self.inner / R * R;
+        for i in (0..full).step_by(R) {
+            // SAFETY: the caller's bounds.
+            unsafe { self.sum::<R, NV>(i, dk[i * self.n..].as_mut_ptr()) };
+        }
+        for i in full..self.inner {
+            // SAFETY: the caller's bounds.
+            unsafe { self.sum::<1, NV>(i, dk[i * self.n..].as_mut_ptr()) };
+        }
+    }
+
+    /// Rows `i .. i + R` of the block, each summed over the runs' positions in order.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn sum<const R: usize, const NV: usize>(&self, i: usize, dst: *mut f32) {
+        // SAFETY: the caller's bounds: every run's positions and inner indices i .. i + R lie
+        // inside `src`, its rows inside `dy`, and dst holds R rows of n.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NV]; R];
+            for &(start, row) in self.runs {
+                for t in 0..self.len {
+                    let x = self.src.as_ptr().add((start + t) * self.stride + i);
+                    let d = self.dy.as_ptr().add((row + t) * self.n);
+                    let mut dv = [_mm512_setzero_ps(); NV];
+                    for (j, v) in dv.iter_mut().enumerate() {
+                        *v = _mm512_loadu_ps(d.add(16 * j));
+                    }
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let xb = _mm512_set1_ps(*x.add(r));
+                        for (a, &v) in acc.iter_mut().zip(&dv) {
+                            *a = _mm512_fmadd_ps(xb, v, *a);
+                        }
+                    }
+                }
+            }
+            store::<R, NV>(&acc, dst, self.n);
+        }
+    }
+}
+
+/// `R` rows of `16 · NV` lanes into `dst`, row stride `n`.
+///
+/// # Safety
+/// AVX-512F present; `dst` valid for `R` rows of `16 · NV` elements at stride `n`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn store<const R: usize, const NV: usize>(acc: &[[__m512; NV]; R], dst: *mut f32, n: usize) {
+    for (r, row) in acc.iter().enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            // SAFETY: the caller's contract.
+            unsafe { _mm512_storeu_ps(dst.add(r * n + 16 * j), v) };
+        }
+    }
+}
