@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use mirra::autograd::Tape;
 use mirra::tensor::init::{rng, Initializer};
-use mirra::tensor::{DType, Device, Padding, Window};
+use mirra::tensor::{set_conv_algorithm, ConvAlgorithm, DType, Device, Padding, Window};
 use serde_json::{json, Value};
 
 use crate::json::{num, opt};
@@ -195,9 +195,15 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
     };
     let mut rows = Vec::new();
     let mut ours = Vec::new();
+    let mut patches = Vec::new();
     for s in &SHAPES {
         println!("conv: {} (mirra)", s.name);
         ours.push(mirra_step_seconds(s, plan));
+        // The same step with every convolution through its patches: what the choice of
+        // algorithm is worth, in the same run.
+        set_conv_algorithm(ConvAlgorithm::Im2col);
+        patches.push(mirra_step_seconds(s, plan));
+        set_conv_algorithm(ConvAlgorithm::Auto);
     }
     let torch = if no_torch {
         Err("skipped (--no-torch)".to_string())
@@ -219,8 +225,9 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
             None => Err(v["error"].as_str().unwrap_or("no figures").to_string()),
         })
     };
-    for (i, (s, m)) in SHAPES.iter().zip(&ours).enumerate() {
+    for (i, ((s, m), p)) in SHAPES.iter().zip(&ours).zip(&patches).enumerate() {
         let ours = m.as_ref().ok().map(|(t, f)| f / t / 1e9);
+        let im2col = p.as_ref().ok().map(|(t, f)| f / t / 1e9);
         let theirs = match (&torch, m) {
             (Ok(t), Ok((_, f))) => t.get(i).map(|t| f / t / 1e9),
             _ => None,
@@ -228,6 +235,7 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
         rows.push(json!({
             "shape": s.name,
             "mirra_gflops": opt(ours, 1),
+            "mirra_im2col_gflops": opt(im2col, 1),
             "torch_gflops": opt(theirs, 1),
             "mirra_over_torch": opt(ours.zip(theirs).map(|(a, b)| a / b), 3),
             "error": m.as_ref().err(),
@@ -235,7 +243,9 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
     }
     json!({
         "what": "one convolution's forward pass and its input and kernel gradients, batch 128, \
-                 f32, GFLOP/s counted as 6 N OH OW KH KW Cin Cout for both",
+                 f32, GFLOP/s counted as 6 N OH OW KH KW Cin Cout for both; mirra as Conv2D \
+                 computes it (the algorithm it picks), and through its patches (im2col) for \
+                 comparison",
         "threads": threads,
         "rows": rows,
         "torch_unavailable": torch.err(),
@@ -248,14 +258,15 @@ pub fn print(c: &Value) {
     use crate::table::cell;
     println!();
     println!(
-        "{:<30} {:>10} {:>10} {:>8}",
-        "conv fwd+bwd (GFLOP/s)", "mirra", "PyTorch", "ours/pt"
+        "{:<30} {:>10} {:>10} {:>10} {:>8}",
+        "conv fwd+bwd (GFLOP/s)", "mirra", "im2col", "PyTorch", "ours/pt"
     );
     for r in c["rows"].as_array().into_iter().flatten() {
         println!(
-            "{:<30} {:>10} {:>10} {:>8}",
+            "{:<30} {:>10} {:>10} {:>10} {:>8}",
             format!("  {}", r["shape"].as_str().unwrap_or("")),
             cell(&r["mirra_gflops"], 1),
+            cell(&r["mirra_im2col_gflops"], 1),
             cell(&r["torch_gflops"], 1),
             cell(&r["mirra_over_torch"], 2),
         );

@@ -5,12 +5,39 @@ use mirra_tensor::{Tensor, UnaryOp};
 use crate::op::{Conv, Node, Op, NONE};
 use crate::{AutogradError, Result};
 
+/// A gradient for the tape to add to what it holds for an input: a tensor, or one it adds
+/// in place in one pass without making it a tensor of its own.
+pub(crate) enum Grad {
+    Tensor(Tensor),
+    /// `x`'s gradient through its per-channel moments, whose gradient is `g`
+    /// ([`Tensor::channel_moments_backward`]): batch norm adds it to the gradient its
+    /// affine map already gave `x`.
+    ChannelMoments {
+        x: Tensor,
+        g: Tensor,
+    },
+}
+
+impl Grad {
+    /// `prev` plus this gradient, or this gradient alone.
+    pub(crate) fn added_to(self, prev: Option<Tensor>) -> Result<Tensor> {
+        Ok(match (self, prev) {
+            (Grad::Tensor(g), None) => g,
+            (Grad::Tensor(g), Some(prev)) => prev.accumulate(&g)?,
+            (Grad::ChannelMoments { x, g }, None) => x.channel_moments_backward(&g)?,
+            (Grad::ChannelMoments { x, g }, Some(prev)) => {
+                prev.channel_moments_backward_add(&x, &g)?
+            }
+        })
+    }
+}
+
 /// Calls `emit(input, grad)` for every input of `node` that needs a gradient.
 pub(crate) fn input_grads(
     nodes: &[Node],
     node: &Node,
     g: Tensor,
-    emit: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    emit: &mut dyn FnMut(usize, Grad) -> Result<()>,
 ) -> Result<()> {
     let [ia, ib] = node.inputs;
     let dims = |i: usize| &nodes[i].shape[..];
@@ -20,7 +47,7 @@ pub(crate) fn input_grads(
         if i == NONE {
             return Ok(());
         }
-        emit(i, grad()?.sum_to(dims(i))?)
+        emit(i, Grad::Tensor(grad()?.sum_to(dims(i))?))
     };
     match &node.op {
         Op::Leaf { .. } => {}
@@ -94,14 +121,14 @@ pub(crate) fn input_grads(
             let mut offset = 0;
             for (&input, &size) in parts.iter().zip(sizes) {
                 if input != NONE {
-                    emit(input, g.narrow(*axis as isize, offset, size)?)?;
+                    emit(input, Grad::Tensor(g.narrow(*axis as isize, offset, size)?))?;
                 }
                 offset += size;
             }
         }
         Op::AddN { parts } => {
             for &input in parts.iter().filter(|&&i| i != NONE) {
-                emit(input, g.sum_to(dims(input))?)?;
+                emit(input, Grad::Tensor(g.sum_to(dims(input))?))?;
             }
         }
         Op::Gather { axis, index } => to(ia, &|| Ok(g.scatter_add(*axis, index, dims(ia))?))?,
@@ -112,11 +139,11 @@ pub(crate) fn input_grads(
                 x,
                 kernel,
                 window,
-                patches,
+                saved,
             } = &**conv;
             to(ia, &|| Ok(g.conv_input_grad(kernel, window)?))?;
             to(ib, &|| {
-                Ok(x.conv_kernel_grad(&g, window, patches)?
+                Ok(x.conv_kernel_grad(&g, window, saved)?
                     .reshape(kernel.dims())?)
             })?;
         }
@@ -125,12 +152,16 @@ pub(crate) fn input_grads(
                 .map_err(|message| AutogradError::Map { message })
         })?,
         Op::Cast { from } => to(ia, &|| Ok(g.to_dtype(*from)?))?,
-        Op::ChannelMoments { x } => to(ia, &|| Ok(x.channel_moments_backward(&g)?))?,
+        Op::ChannelMoments { x } => {
+            if ia != NONE {
+                emit(ia, Grad::ChannelMoments { x: x.clone(), g })?;
+            }
+        }
         Op::ChannelAffine { x, scale, parts } => {
             let grads = g.channel_affine_backward(x, scale)?;
             for (&input, grad) in parts.iter().zip(grads) {
                 if input != NONE {
-                    emit(input, grad)?;
+                    emit(input, Grad::Tensor(grad))?;
                 }
             }
         }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mirra_tensor::{ConvPatches, DType, Shape, Tensor, UnaryOp, Window};
+use mirra_tensor::{ConvSaved, DType, Shape, Tensor, UnaryOp, Window};
 
 use crate::LinearMap;
 
@@ -126,13 +126,13 @@ pub(crate) enum Op {
 }
 
 /// What a convolution's backward needs: its input `x`, its `kernel`, its `window`, and the
-/// `patches` its forward pass kept for the kernel gradient.
+/// what its forward pass kept for the kernel gradient.
 #[derive(Debug)]
 pub(crate) struct Conv {
     pub x: Tensor,
     pub kernel: Tensor,
     pub window: Window,
-    pub patches: ConvPatches,
+    pub saved: ConvSaved,
 }
 
 impl Op {

@@ -2,7 +2,7 @@ use std::cell::RefCell;
 
 use mirra_tensor::{Shape, Tensor};
 
-use crate::backward::input_grads;
+use crate::backward::{input_grads, Grad};
 use crate::op::{Node, Op, NONE};
 use crate::{AutogradError, Result};
 
@@ -133,11 +133,8 @@ impl Tape {
     }
 }
 
-fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
-    *slot = Some(match slot.take() {
-        None => g,
-        Some(prev) => prev.accumulate(&g)?,
-    });
+fn accumulate(slot: &mut Option<Tensor>, g: Grad) -> Result<()> {
+    *slot = Some(g.added_to(slot.take())?);
     Ok(())
 }
 

@@ -294,13 +294,13 @@ impl<'t> Var<'t> {
     /// The convolution of this channels-last `[n, d1, .., dk, c]` value with `kernel`
     /// (`[k1, .., kk, c, f]`) over `window`, without bias ([`Tensor::conv`]).
     pub fn conv(&self, kernel: &Var<'t>, window: &Window) -> Result<Var<'t>> {
-        let (value, patches) = self.value.conv(&kernel.value, window)?;
+        let (value, saved) = self.value.conv(&kernel.value, window)?;
         self.from2(kernel, value, || {
             Op::Conv(Box::new(Conv {
                 x: self.value.clone(),
                 kernel: kernel.value.clone(),
                 window: *window,
-                patches,
+                saved,
             }))
         })
     }

@@ -26,7 +26,7 @@ pub use mirra_cuda::runtime::{allow_tf32, set_allow_tf32};
 pub use mirra_device::{vectorize, DType, Device, Element, FloatElement};
 pub use ops::{
     bf16_accumulation_ablation, bf16_matmul_path, bf16_matmul_request_error, conv_algorithm,
-    set_bf16_accumulation_ablation, set_conv_algorithm, BinaryOp, ConvAlgorithm, ConvPatches,
+    set_bf16_accumulation_ablation, set_conv_algorithm, BinaryOp, ConvAlgorithm, ConvSaved,
     Padding, UnaryOp, Window, MAX_SPATIAL,
 };
 pub use shape::{Shape, MAX_RANK};

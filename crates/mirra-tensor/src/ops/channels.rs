@@ -7,6 +7,14 @@
 //! Sums over the rows (every axis but the last) are taken in blocks of a fixed number of
 //! rows and the blocks' partial sums added in block order, so the result has the same
 //! bits on any number of threads.
+//!
+//! Every loop runs over tiles of whole rows (about [`TILE_ELEMENTS`] elements) against
+//! the per-channel values repeated over a tile: one flat loop over equal-length slices,
+//! which compiles to full-width vector code for any channel count, where a loop per row
+//! of a few channels did not. Within a block, sums gather into one running sum per
+//! element of the tile, folded to the channels at the end of the block.
+
+use std::ops::Range;
 
 use mirra_device::{vectorize, Buffer, Element, FloatElement};
 
@@ -15,6 +23,24 @@ use crate::{match_float_dtype, DType, Result, Tensor, TensorError};
 
 /// Elements per block of a per-channel sum (whole rows; at least one row).
 const BLOCK_ELEMENTS: usize = 1 << 14;
+
+/// Elements per tile (whole rows; at least one row).
+const TILE_ELEMENTS: usize = 256;
+
+/// Elements of a tile of rows of `c`.
+fn tile_len(c: usize) -> usize {
+    c * (TILE_ELEMENTS / c).max(1)
+}
+
+/// Per-channel values repeated over a tile of rows of `c`.
+fn tiled<A: Copy>(per_channel: &[A], c: usize) -> Vec<A> {
+    per_channel
+        .iter()
+        .copied()
+        .cycle()
+        .take(tile_len(c))
+        .collect()
+}
 
 impl Tensor {
     /// `[Σx, Σx²]` per channel of this `[.., c]` tensor over every axis but the last:
@@ -31,11 +57,15 @@ impl Tensor {
         let x = self.contiguous()?;
         let sums = match_float_dtype!(x.dtype(), T => {
             let xs = x.as_slice::<T>()?;
-            row_sums(rows, c, 2, #[inline(always)] |row, acc| {
-                for (ch, &v) in xs[row * c..(row + 1) * c].iter().enumerate() {
-                    let v = v.to_f64();
-                    acc[ch] += v;
-                    acc[c + ch] += v * v;
+            let blocks = rows.div_ceil(rows_per_block(c));
+            block_sums(rows, c, 2, vec![(); blocks], #[inline(always)] |at, (), acc| {
+                let (sums, squares) = acc.split_at_mut(acc.len() / 2);
+                for tile in xs[at].chunks(sums.len()) {
+                    for ((s, q), &v) in sums.iter_mut().zip(squares.iter_mut()).zip(tile) {
+                        let v = v.to_f64();
+                        *s += v;
+                        *q += v * v;
+                    }
                 }
             })
         }, dtype => return Err(unsupported("channel_moments", dtype)));
@@ -56,12 +86,54 @@ impl Tensor {
         match_float_dtype!(x.dtype(), T => {
             let g = acc_vec::<T>(g)?;
             let two = <<T as FloatElement>::Acc as Element>::from_f64(2.0);
-            map_rows::<T>(&x, c, #[inline(always)] |xs, out| {
-                for (ch, (o, &v)) in out.iter_mut().zip(xs).enumerate() {
-                    *o = T::from_acc(g[ch] + two * v.to_acc() * g[c + ch]);
+            let (sum, square) = (tiled(&g[..c], c), tiled(&g[c..], c));
+            map_tiles::<T>(&x, c, #[inline(always)] |xs, out| {
+                for ((o, &v), (&gs, &gq)) in out.iter_mut().zip(xs).zip(sum.iter().zip(&square)) {
+                    *o = T::from_acc(gs + two * v.to_acc() * gq);
                 }
             })
         }, dtype => Err(unsupported(op, dtype)))
+    }
+
+    /// This gradient plus `x`'s gradient from the gradient `g` (`[2c]`) of `x`'s
+    /// [`channel_moments`](Tensor::channel_moments), added in place in one pass where this
+    /// tensor's buffer is its own (what backward does with a gradient it already holds):
+    /// the bits of `self.accumulate(&x.channel_moments_backward(g)?)`, without that
+    /// tensor.
+    pub fn channel_moments_backward_add(mut self, x: &Tensor, g: &Tensor) -> Result<Tensor> {
+        let op = "channel_moments_backward_add";
+        let (_, c) = x.rows_by_channels(op)?;
+        check_per_channel(op, g, 2 * c, x)?;
+        let fits = self.dims() == x.dims()
+            && self.dtype() == x.dtype()
+            && self.is_contiguous()
+            && self.device().is_cpu()
+            && x.device().is_cpu()
+            && self.dtype().is_float();
+        let dtype = self.dtype();
+        let x = x.contiguous()?;
+        let buffer = match fits {
+            true => self.unshared_buffer_mut(),
+            false => None,
+        };
+        let Some(buffer) = buffer else {
+            return self.accumulate(&x.channel_moments_backward(g)?);
+        };
+        match_float_dtype!(dtype, T => {
+            let g = acc_vec::<T>(g)?;
+            let two = <<T as FloatElement>::Acc as Element>::from_f64(2.0);
+            let (sum, square) = (tiled(&g[..c], c), tiled(&g[c..], c));
+            let xs = x.as_slice::<T>()?;
+            for_each_tile(buffer.as_mut_slice::<T>()?, c, #[inline(always)] |first, tile: &mut [T]| {
+                let from = &xs[first..first + tile.len()];
+                for ((d, &v), (&gs, &gq)) in tile.iter_mut().zip(from).zip(sum.iter().zip(&square)) {
+                    // The term rounded to T first, as the separate tensor was.
+                    let term = T::from_acc(gs + two * v.to_acc() * gq);
+                    *d = T::from_acc(d.to_acc() + term.to_acc());
+                }
+            });
+        }, dtype => return Err(unsupported(op, dtype)));
+        Ok(self)
     }
 
     /// `x * scale[ch] + shift[ch]` for this `[.., c]` tensor `x` and `scale`, `shift` of
@@ -76,10 +148,10 @@ impl Tensor {
         }
         let x = self.contiguous()?;
         match_float_dtype!(x.dtype(), T => {
-            let (a, b) = (acc_vec::<T>(scale)?, acc_vec::<T>(shift)?);
-            map_rows::<T>(&x, c, #[inline(always)] |xs, out| {
-                for (ch, (o, &v)) in out.iter_mut().zip(xs).enumerate() {
-                    *o = T::from_acc(v.to_acc() * a[ch] + b[ch]);
+            let (a, b) = (tiled(&acc_vec::<T>(scale)?, c), tiled(&acc_vec::<T>(shift)?, c));
+            map_tiles::<T>(&x, c, #[inline(always)] |xs, out| {
+                for ((o, &v), (&a, &b)) in out.iter_mut().zip(xs).zip(a.iter().zip(&b)) {
+                    *o = T::from_acc(v.to_acc() * a + b);
                 }
             })
         }, dtype => Err(unsupported(op, dtype)))
@@ -116,21 +188,25 @@ impl Tensor {
         }
         let (g, x) = (self.contiguous()?, x.contiguous()?);
         match_float_dtype!(g.dtype(), T => {
-            let a = acc_vec::<T>(scale)?;
-            let dx = map_rows::<T>(&g, c, #[inline(always)] |gs, out| {
-                for (ch, (o, &v)) in out.iter_mut().zip(gs).enumerate() {
-                    *o = T::from_acc(v.to_acc() * a[ch]);
-                }
-            })?;
+            let a = tiled(&acc_vec::<T>(scale)?, c);
             let (gs, xs) = (g.as_slice::<T>()?, x.as_slice::<T>()?);
-            let sums = row_sums(rows, c, 2, #[inline(always)] |row, acc| {
-                let at = row * c..(row + 1) * c;
-                for (ch, (&gv, &xv)) in gs[at.clone()].iter().zip(&xs[at]).enumerate() {
-                    let gv = gv.to_f64();
-                    acc[ch] += gv * xv.to_f64();
-                    acc[c + ch] += gv;
+            let mut dx = Buffer::alloc(T::DTYPE, g.elem_count(), g.device())?;
+            let outs: Vec<&mut [T]> = dx.as_mut_slice::<T>()?.chunks_mut(rows_per_block(c) * c).collect();
+            // One pass: each block writes its rows of `g · scale` and sums `g x` and `g`.
+            let sums = block_sums(rows, c, 2, outs, #[inline(always)] |at, out, acc| {
+                let (gx, gsum) = acc.split_at_mut(acc.len() / 2);
+                let tiles = gs[at.clone()].chunks(a.len()).zip(xs[at].chunks(a.len()));
+                for ((g_tile, x_tile), o_tile) in tiles.zip(out.chunks_mut(a.len())) {
+                    let outs = o_tile.iter_mut().zip(g_tile).zip(x_tile);
+                    for ((((o, &gv), &xv), &a), (s, t)) in outs.zip(&a).zip(gx.iter_mut().zip(gsum.iter_mut())) {
+                        *o = T::from_acc(gv.to_acc() * a);
+                        let gv = gv.to_f64();
+                        *s += gv * xv.to_f64();
+                        *t += gv;
+                    }
                 }
             });
+            let dx = Tensor::from_buffer(dx, g.dims())?;
             let device = self.device();
             let dscale = Tensor::from_vec(sums[..c].to_vec(), &[c], device)?;
             let dshift = Tensor::from_vec(sums[c..].to_vec(), &[c], device)?;
@@ -151,27 +227,45 @@ impl Tensor {
     }
 }
 
-/// `width * c` sums over `rows` rows: `add(row, acc)` adds one row into a block's `acc`
-/// (zeroed per block), and the blocks' partial sums are added in block order.
-fn row_sums(
+/// Whole rows of `c` per block of a per-channel sum.
+fn rows_per_block(c: usize) -> usize {
+    (BLOCK_ELEMENTS / c).max(1)
+}
+
+/// `width * c` sums over `rows` rows taken in blocks of [`rows_per_block`]: `add(at, out,
+/// acc)` adds block `at` (its element range, whole rows) into `acc`, `width` running sums
+/// of a tile each (zeroed, folded to the channels after the block), with `out`, that
+/// block's item of `outs` (one per block: rows of an output it writes on the way). The
+/// blocks' partial sums are added in block order, so the bits do not depend on the
+/// thread count.
+fn block_sums<O: Send>(
     rows: usize,
     c: usize,
     width: usize,
-    add: impl Fn(usize, &mut [f64]) + Sync,
+    outs: Vec<O>,
+    add: impl Fn(Range<usize>, O, &mut [f64]) + Sync,
 ) -> Vec<f64> {
-    let per_block = (BLOCK_ELEMENTS / c).max(1);
-    let blocks = rows.div_ceil(per_block);
-    let mut partials = vec![0.0f64; blocks * width * c];
-    let items: Vec<(usize, &mut [f64])> = partials.chunks_mut(width * c).enumerate().collect();
-    for_each_split(items, rows * c, &|(b, acc)| {
+    let (per_block, tile) = (rows_per_block(c), tile_len(c));
+    let mut partials = vec![0.0f64; outs.len() * width * c];
+    let items: Vec<((usize, O), &mut [f64])> = outs
+        .into_iter()
+        .enumerate()
+        .zip(partials.chunks_mut(width * c))
+        .collect();
+    for_each_split(items, rows * c, &|((b, out), partial)| {
+        let at = b * per_block * c..((b + 1) * per_block).min(rows) * c;
+        let mut acc = vec![0.0f64; width * tile];
         vectorize(
             #[inline(always)]
-            || {
-                for row in b * per_block..((b + 1) * per_block).min(rows) {
-                    add(row, acc);
+            || add(at, out, &mut acc),
+        );
+        for (p, sums) in partial.chunks_exact_mut(c).zip(acc.chunks_exact(tile)) {
+            for row in sums.chunks_exact(c) {
+                for (p, &s) in p.iter_mut().zip(row) {
+                    *p += s;
                 }
-            },
-        )
+            }
+        }
     });
     let mut sums = vec![0.0f64; width * c];
     for block in partials.chunks(width * c) {
@@ -182,25 +276,37 @@ fn row_sums(
     sums
 }
 
-/// A tensor of `x`'s shape whose every row of `c` is `f(x's row, out row)`.
-fn map_rows<T: FloatElement>(
+/// Calls `f(first, tile)` on `data` cut into tiles of whole rows of `c` (`first`: the
+/// tile's first element), on this thread's kernel threads when there is enough to move.
+fn for_each_tile<T: Send>(data: &mut [T], c: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let tile = tile_len(c);
+    split_rows(data, c, &|first, rows: &mut [T]| {
+        vectorize(
+            #[inline(always)]
+            || {
+                for (i, part) in rows.chunks_mut(tile).enumerate() {
+                    f(first * c + i * tile, part);
+                }
+            },
+        )
+    });
+}
+
+/// A tensor of `x`'s shape whose every tile of whole rows of `c` is `f(x's tile, out
+/// tile)`.
+fn map_tiles<T: FloatElement>(
     x: &Tensor,
     c: usize,
     f: impl Fn(&[T], &mut [T]) + Sync,
 ) -> Result<Tensor> {
     let src = x.as_slice::<T>()?;
     let mut out = Buffer::alloc(T::DTYPE, x.elem_count(), x.device())?;
-    split_rows(out.as_mut_slice::<T>()?, c, &|first, rows: &mut [T]| {
-        vectorize(
-            #[inline(always)]
-            || {
-                let from = &src[first * c..first * c + rows.len()];
-                for (xs, o) in from.chunks_exact(c).zip(rows.chunks_exact_mut(c)) {
-                    f(xs, o);
-                }
-            },
-        )
-    });
+    for_each_tile(
+        out.as_mut_slice::<T>()?,
+        c,
+        #[inline(always)]
+        |first, tile: &mut [T]| f(&src[first..first + tile.len()], tile),
+    );
     Tensor::from_buffer(out, x.dims())
 }
 
@@ -383,5 +489,44 @@ mod tests {
         assert!(scalar.channel_moments().is_err());
         let ints = Tensor::from_slice(&[1i64, 2], &[1, 2], Device::Cpu).unwrap();
         assert!(ints.channel_moments().is_err());
+    }
+
+    /// Adding the moments' gradient in place gives the bits of making it and adding it,
+    /// in f32 and bf16, and leaves a shared gradient alone.
+    #[test]
+    fn moments_gradient_added_in_place_has_the_bits_of_the_sum() {
+        let (rows, c) = (300, 5);
+        let vals = |seed: usize, n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7919 + seed * 131) % 1000) as f32 / 250.0 - 2.0)
+                .collect()
+        };
+        for dtype in [DType::F32, DType::BF16] {
+            let t = |v: Vec<f32>, dims: &[usize]| tensor(&v, dims).to_dtype(dtype).unwrap();
+            let x = t(vals(1, rows * c), &[rows, c]);
+            let g = t(vals(2, 2 * c), &[2 * c]);
+            let prev = t(vals(3, rows * c), &[rows, c]);
+            let expected = prev
+                .accumulate(&x.channel_moments_backward(&g).unwrap())
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            let prev = t(vals(3, rows * c), &[rows, c]);
+            let fused = prev.channel_moments_backward_add(&x, &g).unwrap();
+            assert_eq!(
+                values(&fused.to_dtype(DType::F32).unwrap()),
+                values(&expected),
+                "{dtype}"
+            );
+            // A gradient whose buffer is shared is not written through.
+            let shared = t(vals(3, rows * c), &[rows, c]);
+            let before = values(&shared.to_dtype(DType::F32).unwrap());
+            let sum = shared.clone().channel_moments_backward_add(&x, &g).unwrap();
+            assert_eq!(values(&shared.to_dtype(DType::F32).unwrap()), before);
+            assert_eq!(
+                values(&sum.to_dtype(DType::F32).unwrap()),
+                values(&expected)
+            );
+        }
     }
 }

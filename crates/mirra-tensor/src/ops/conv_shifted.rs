@@ -46,16 +46,18 @@ type RunsInto<'a> = (&'a [(usize, usize)], &'a mut [f32]);
 /// What [`Grid::run`] computes, and from what.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Pass {
-    /// The output, from the input and the kernel.
+    /// The output, from the padded input ([`Grid::padded_input`]) and the kernel.
     Forward,
     /// The input gradient, from the output gradient and the kernel.
     InputGrad,
-    /// The kernel gradient, from the input and the output gradient.
+    /// The kernel gradient, from the padded input and the output gradient.
     KernelGrad,
 }
 
-/// The geometry of a stride-1 window on the grid, every dimension three deep (leading
-/// ones for 1D and 2D, as [`Window`] stores them).
+/// The geometry of a window of dilation 1 on the grid, every dimension three deep
+/// (leading ones for 1D and 2D, as [`Window`] stores them). Output position `o` sits at
+/// grid position `o · stride`; gemm's path (the whole grid as rows) and the input
+/// gradient take stride 1 only, the CPU's own kernels any stride.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Grid {
     n: usize,
@@ -65,6 +67,7 @@ pub(super) struct Grid {
     output: [usize; MAX_SPATIAL],
     kernel: [usize; MAX_SPATIAL],
     pad: [usize; MAX_SPATIAL],
+    stride: [usize; MAX_SPATIAL],
     /// The padded input's size, which the output shares as its grid.
     dims: [usize; MAX_SPATIAL],
 }
@@ -78,27 +81,38 @@ fn deep(s: &[usize], fill: usize) -> [usize; MAX_SPATIAL] {
 
 impl Grid {
     /// The grid of `window` over `n` images of `c` channels to `f` filters; `None` unless
-    /// every stride and dilation is 1.
+    /// every dilation is 1.
     pub(super) fn new(window: &Window, n: usize, c: usize, f: usize) -> Option<Grid> {
-        if window
-            .stride()
-            .iter()
-            .chain(window.dilation())
-            .any(|&s| s != 1)
-        {
+        if window.dilation().iter().any(|&d| d != 1) {
             return None;
         }
         let (output, kernel) = (deep(window.output(), 1), deep(window.kernel(), 1));
+        let (input, pad, stride) = (
+            deep(window.input(), 1),
+            deep(window.pad(), 0),
+            deep(window.stride(), 1),
+        );
+        // The last window's span, or the whole input where `valid` windows leave some of
+        // it unread.
+        let dims = std::array::from_fn(|d| {
+            ((output[d] - 1) * stride[d] + kernel[d]).max(input[d] + pad[d])
+        });
         Some(Grid {
             n,
             c,
             f,
-            input: deep(window.input(), 1),
+            input,
             output,
             kernel,
-            pad: deep(window.pad(), 0),
-            dims: std::array::from_fn(|d| output[d] + kernel[d] - 1),
+            pad,
+            stride,
+            dims,
         })
+    }
+
+    /// Whether every stride is 1.
+    pub(super) fn unit_stride(&self) -> bool {
+        self.stride == [1; MAX_SPATIAL]
     }
 
     /// Grid positions per image.
@@ -148,14 +162,22 @@ impl Grid {
             .map(|i| (i, self.offset(i / self.kernel[1], i % self.kernel[1])))
     }
 
-    /// The runs of `size`'s last dimension when `size` sits at `at` of an image of the
-    /// grid: for each, the grid position where it starts in the image and its first
-    /// position in `size`, in order (`size1 · size2` runs of `size3` positions).
-    fn image_runs(&self, size: [usize; 3], at: [usize; 3]) -> Vec<(usize, usize)> {
+    /// The runs of `size`'s last dimension when position `i` of `size` sits at `i · step
+    /// + at` of an image of the grid: for each, the grid position where it starts in the
+    /// image and its first position in `size`, in order (`size1 · size2` runs of `size3`
+    /// positions, `step3` apart on the grid).
+    fn image_runs(
+        &self,
+        size: [usize; 3],
+        at: [usize; 3],
+        step: [usize; 3],
+    ) -> Vec<(usize, usize)> {
         (0..size[0] * size[1])
             .map(|r| {
                 let (i1, i2) = (r / size[1], r % size[1]);
-                let start = ((i1 + at[0]) * self.dims[1] + i2 + at[1]) * self.dims[2] + at[2];
+                let start = ((i1 * step[0] + at[0]) * self.dims[1] + i2 * step[1] + at[1])
+                    * self.dims[2]
+                    + at[2];
                 (start, r * size[2])
             })
             .collect()
@@ -172,7 +194,7 @@ impl Grid {
         ch: usize,
         grid: &mut [T],
     ) {
-        let (runs, run) = (self.image_runs(size, at), size[2] * ch);
+        let (runs, run) = (self.image_runs(size, at, [1; 3]), size[2] * ch);
         let block = size.iter().product::<usize>() * ch;
         let work = grid.len();
         let images: Vec<(usize, &mut [T])> = grid
@@ -199,7 +221,7 @@ impl Grid {
         ch: usize,
         dst: &mut [T],
     ) {
-        let (runs, run) = (self.image_runs(size, at), size[2] * ch);
+        let (runs, run) = (self.image_runs(size, at, [1; 3]), size[2] * ch);
         let image = self.image() * ch;
         let work = dst.len();
         let blocks: Vec<(usize, &mut [T])> = dst
@@ -217,7 +239,7 @@ impl Grid {
 
     /// The input `x` (`[n, d1, d2, d3, c]`, contiguous) on the grid, with `reach` zero rows
     /// after it (what the last rows' taps read).
-    fn padded_input<T: Float>(&self, x: &[T]) -> Result<Buffer> {
+    pub(super) fn padded_input<T: Float>(&self, x: &[T]) -> Result<Buffer> {
         let body = self.rows() * self.c;
         let mut buf = Buffer::alloc(T::DTYPE, body + self.reach() * self.c, Device::Cpu)?;
         let padded = buf.as_mut_slice::<T>()?;
@@ -281,8 +303,13 @@ impl Grid {
     }
 
     /// [`image_runs`](Grid::image_runs) of every image, as rows of the whole batch.
-    fn run_starts(&self, size: [usize; 3], at: [usize; 3]) -> Vec<(usize, usize)> {
-        let runs = self.image_runs(size, at);
+    fn run_starts(
+        &self,
+        size: [usize; 3],
+        at: [usize; 3],
+        step: [usize; 3],
+    ) -> Vec<(usize, usize)> {
+        let runs = self.image_runs(size, at, step);
         let block = size.iter().product::<usize>();
         (0..self.n)
             .flat_map(|b| {
@@ -298,8 +325,8 @@ impl Grid {
     }
 
     /// [`shifted_products`](Grid::shifted_products) on this CPU's own kernels, for the
-    /// positions of `size` at `at` only (no grid positions outside them): `dst` is
-    /// `[n, size.., dst_ch]`.
+    /// positions of `size` at `i · step + at` only (no grid positions outside them): `dst`
+    /// is `[n, size.., dst_ch]`.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
     fn native_products(
@@ -310,16 +337,17 @@ impl Grid {
         dst: &mut [f32],
         dst_ch: usize,
         size: [usize; 3],
-        at: [usize; 3],
+        (at, step): ([usize; 3], [usize; 3]),
     ) {
         let len = size[2];
-        let runs = self.run_starts(size, at);
+        let runs = self.run_starts(size, at, step);
         let per = self.runs_per_chunk(len, dst_ch.max(src_ch));
         let offsets: Vec<usize> = self.tap_pairs().map(|(_, offset)| offset).collect();
         let inner = self.kernel[2] * src_ch;
         let products = super::shifted_avx512::Products {
             src,
-            stride: src_ch,
+            channels: src_ch,
+            step: step[2],
             inner,
             offsets: &offsets,
             weights,
@@ -352,14 +380,22 @@ impl Grid {
 
     /// The forward pass: `x` (`[n, d.., c]`) with `kernel` (`[k.., c, f]`) into `y`
     /// (`[n, o.., f]`).
-    fn forward<T: Float>(&self, x: &[T], kernel: &[T], y: &mut [T]) -> Result<()> {
-        let padded = self.padded_input(x)?;
-        let src = padded.as_slice::<T>()?;
+    fn forward<T: Float>(&self, padded: &[T], kernel: &[T], y: &mut [T]) -> Result<()> {
+        let src = padded;
         #[cfg(target_arch = "x86_64")]
         if let Some((src, kernel, y)) = native(src, kernel, y, [self.c, self.f]) {
-            self.native_products(src, self.c, kernel, y, self.f, self.output, [0; 3]);
+            self.native_products(
+                src,
+                self.c,
+                kernel,
+                y,
+                self.f,
+                self.output,
+                ([0; 3], self.stride),
+            );
             return Ok(());
         }
+        assert!(self.unit_stride(), "gemm's shifted products take stride 1");
         let mut out = Buffer::alloc(T::DTYPE, self.rows() * self.f, Device::Cpu)?;
         let grid = out.as_mut_slice::<T>()?;
         self.shifted_products(src, self.c, kernel, grid, self.f);
@@ -370,6 +406,10 @@ impl Grid {
     /// The input gradient: `dy` (`[n, o.., f]`) through `kernel` (`[k.., c, f]`) into
     /// `dx` (`[n, d.., c]`).
     fn input_grad<T: Float>(&self, dy: &[T], kernel: &[T], dx: &mut [T]) -> Result<()> {
+        assert!(
+            self.unit_stride(),
+            "the shifted input gradient takes stride 1"
+        );
         let (c, f, k) = (self.c, self.f, self.kernel);
         let taps = k.iter().product::<usize>();
         // flipped[u][f][c] = kernel[taps - 1 - u][c][f]: tap order reversed in every
@@ -387,7 +427,7 @@ impl Grid {
         let src = grad.as_slice::<T>()?;
         #[cfg(target_arch = "x86_64")]
         if let Some((src, flipped, dx)) = native(src, &flipped, dx, [f, c]) {
-            self.native_products(src, f, flipped, dx, c, self.input, self.pad);
+            self.native_products(src, f, flipped, dx, c, self.input, (self.pad, [1; 3]));
             return Ok(());
         }
         let mut out = Buffer::alloc(T::DTYPE, self.rows() * c, Device::Cpu)?;
@@ -399,20 +439,21 @@ impl Grid {
 
     /// The kernel gradient: `Σ` over positions of `x`'s taps times `dy`, into `dk`
     /// (`[k.., c, f]`).
-    fn kernel_grad<T: Float>(&self, x: &[T], dy: &[T], dk: &mut [T]) -> Result<()> {
-        let padded = self.padded_input(x)?;
-        let src = padded.as_slice::<T>()?;
+    fn kernel_grad<T: Float>(&self, padded: &[T], dy: &[T], dk: &mut [T]) -> Result<()> {
+        let src = padded;
         let block = self.kernel[2] * self.c * self.f;
         #[cfg(target_arch = "x86_64")]
         if let Some((src, dy, dk)) = native(src, dy, dk, [self.c, self.f]) {
-            let (len, runs) = (self.output[2], self.run_starts(self.output, [0; 3]));
+            let runs = self.run_starts(self.output, [0; 3], self.stride);
+            let len = self.output[2];
             let per = self.runs_per_chunk(len, self.c.max(self.f));
             let work = self.n * self.output.iter().product::<usize>() * dk.len();
             self.sum_chunks(dk, runs.chunks(per).collect(), work, |runs, part| {
                 for (pair, offset) in self.tap_pairs() {
                     let reduction = super::shifted_avx512::Reduction {
                         src: &src[offset * self.c..],
-                        stride: self.c,
+                        channels: self.c,
+                        step: self.stride[2],
                         inner: self.kernel[2] * self.c,
                         dy,
                         n: self.f,
@@ -424,6 +465,7 @@ impl Grid {
             });
             return Ok(());
         }
+        assert!(self.unit_stride(), "gemm's shifted products take stride 1");
         let grad = self.padded_grad(dy)?;
         let grad = &grad.as_slice::<T>()?[self.reach() * self.f..];
         let (c, f, k) = (self.c, self.f, self.kernel[2] * self.c);

@@ -69,26 +69,48 @@ pub fn conv_algorithm() -> ConvAlgorithm {
     })
 }
 
-/// What a convolution's kernel gradient can reuse of its forward pass: the patches, when
-/// the forward pass made them.
+/// What a convolution's kernel gradient can reuse of its forward pass: the patches the
+/// im2col algorithm made, or the zero-padded input the shifted one made (a fraction of
+/// the patches' size).
 #[derive(Clone, Debug, Default)]
-pub struct ConvPatches(Option<Tensor>);
+pub struct ConvSaved(Saved);
 
-/// The grid of the shifted algorithm for `window` over `n` images of `c` channels to `f`
-/// filters, when this thread's [`conv_algorithm`] picks it for operands of `dtype` (all on
-/// the host when `host`); `None`: im2col.
-fn shifted(window: &Window, [n, c, f]: [usize; 3], dtype: DType, host: bool) -> Option<Grid> {
+#[derive(Clone, Debug, Default)]
+enum Saved {
+    #[default]
+    Nothing,
+    Patches(Tensor),
+    PaddedInput(Tensor),
+}
+
+/// The grid of the shifted algorithm for `pass` of `window` over `n` images of `c`
+/// channels to `f` filters, when this thread's [`conv_algorithm`] picks it for operands
+/// of `dtype` (all on the host when `host`); `None`: im2col.
+fn shifted(
+    window: &Window,
+    [n, c, f]: [usize; 3],
+    dtype: DType,
+    host: bool,
+    pass: Pass,
+) -> Option<Grid> {
     if !host || !matches!(dtype, DType::F32 | DType::F64) {
         return None;
     }
-    Grid::new(window, n, c, f).filter(|grid| match conv_algorithm() {
-        ConvAlgorithm::Im2col => false,
-        ConvAlgorithm::Shifted => true,
+    let grid = Grid::new(window, n, c, f)?;
+    let native = grid.runs_native(dtype);
+    // Other strides run on the CPU's own kernels only, and not for the input gradient
+    // (a transposed convolution: each input position gathers from a stride's phase).
+    if !grid.unit_stride() && (!native || matches!(pass, Pass::InputGrad)) {
+        return None;
+    }
+    let inner = window.kernel().last().copied().unwrap_or(1) * c;
+    match conv_algorithm() {
+        ConvAlgorithm::Im2col => None,
+        ConvAlgorithm::Shifted => Some(grid),
         ConvAlgorithm::Auto => {
-            let inner = window.kernel().last().copied().unwrap_or(1) * c;
-            grid.runs_native(dtype) || (grid.overhead() <= MAX_GRID_OVERHEAD && inner >= MIN_INNER)
+            (native || (grid.overhead() <= MAX_GRID_OVERHEAD && inner >= MIN_INNER)).then_some(grid)
         }
-    })
+    }
 }
 
 /// The filters of `kernel` (`[k1, .., kk, c, f]`, or any shape of those elements whose last
@@ -134,6 +156,18 @@ fn on_host(tensors: &[&Tensor]) -> bool {
     tensors.iter().all(|t| t.device().is_cpu())
 }
 
+/// `x` zero-padded on the shifted algorithm's grid (f32 or f64 on the host).
+fn padded_input(grid: &Grid, x: &Tensor) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let padded = if x.dtype() == DType::F64 {
+        grid.padded_input::<f64>(x.as_slice()?)?
+    } else {
+        grid.padded_input::<f32>(x.as_slice()?)?
+    };
+    let len = padded.len();
+    Tensor::from_buffer(padded, &[len])
+}
+
 /// `pass` of the shifted algorithm on `a` and `b` (made contiguous, f32 or f64 on the
 /// host) into a new tensor of `dims`.
 fn shifted_pass(grid: &Grid, pass: Pass, a: &Tensor, b: &Tensor, dims: &[usize]) -> Result<Tensor> {
@@ -151,14 +185,14 @@ impl Tensor {
     /// The convolution of this `[n, d1, .., dk, c]` input with `kernel` (`[k1, .., kk, c,
     /// f]`) over `window`: `[n, o1, .., ok, f]`, without bias. Also returns what
     /// [`conv_kernel_grad`](Tensor::conv_kernel_grad) can reuse.
-    pub fn conv(&self, kernel: &Tensor, window: &Window) -> Result<(Tensor, ConvPatches)> {
+    pub fn conv(&self, kernel: &Tensor, window: &Window) -> Result<(Tensor, ConvSaved)> {
         let op = "conv";
         let [n, c] = check_channels_last(op, self, window)?;
         let f = filters(op, kernel, window, c)?;
         same_dtype(op, self, kernel)?;
         let dims = Window::dims(n, window.output(), f);
         let host = on_host(&[self, kernel]);
-        let Some(grid) = shifted(window, [n, c, f], self.dtype(), host) else {
+        let Some(grid) = shifted(window, [n, c, f], self.dtype(), host, Pass::Forward) else {
             let rows = window.taps() * c;
             let patches = self
                 .im2col(window)?
@@ -166,10 +200,11 @@ impl Tensor {
             let y = patches
                 .matmul(&kernel.reshape(&[rows, f])?)?
                 .reshape(&dims)?;
-            return Ok((y, ConvPatches(Some(patches))));
+            return Ok((y, ConvSaved(Saved::Patches(patches))));
         };
-        let y = shifted_pass(&grid, Pass::Forward, self, kernel, &dims)?;
-        Ok((y, ConvPatches::default()))
+        let padded = padded_input(&grid, self)?;
+        let y = shifted_pass(&grid, Pass::Forward, &padded, kernel, &dims)?;
+        Ok((y, ConvSaved(Saved::PaddedInput(padded))))
     }
 
     /// The gradient of a convolution's input from this gradient of its output (`[n, o1,
@@ -189,7 +224,7 @@ impl Tensor {
         same_dtype(op, dy, kernel)?;
         let dims = Window::dims(n, window.input(), c);
         let host = on_host(&[dy, kernel]);
-        let Some(grid) = shifted(window, [n, c, f], dy.dtype(), host) else {
+        let Some(grid) = shifted(window, [n, c, f], dy.dtype(), host, Pass::InputGrad) else {
             let rows = window.taps() * c;
             return dy
                 .reshape(&[n * window.positions(), f])?
@@ -206,7 +241,7 @@ impl Tensor {
         &self,
         dy: &Tensor,
         window: &Window,
-        saved: &ConvPatches,
+        saved: &ConvSaved,
     ) -> Result<Tensor> {
         let op = "conv_kernel_grad";
         let [n, c] = check_channels_last(op, self, window)?;
@@ -221,17 +256,21 @@ impl Tensor {
         same_dtype(op, self, dy)?;
         let rows = window.taps() * c;
         let dy2 = || dy.reshape(&[n * window.positions(), f]);
-        if let ConvPatches(Some(patches)) = saved {
+        if let Saved::Patches(patches) = &saved.0 {
             return patches.t()?.matmul(&dy2()?);
         }
         let host = on_host(&[self, dy]);
-        let Some(grid) = shifted(window, [n, c, f], self.dtype(), host) else {
+        let Some(grid) = shifted(window, [n, c, f], self.dtype(), host, Pass::KernelGrad) else {
             let patches = self
                 .im2col(window)?
                 .reshape(&[n * window.positions(), rows])?;
             return patches.t()?.matmul(&dy2()?);
         };
-        shifted_pass(&grid, Pass::KernelGrad, self, dy, &[rows, f])
+        let padded = match &saved.0 {
+            Saved::PaddedInput(padded) => padded.clone(),
+            _ => padded_input(&grid, self)?,
+        };
+        shifted_pass(&grid, Pass::KernelGrad, &padded, dy, &[rows, f])
     }
 }
 
@@ -329,7 +368,7 @@ mod tests {
         let (y, saved) = x.conv(k, window).unwrap();
         let dx = dy.conv_input_grad(k, window).unwrap();
         let dk = x
-            .conv_kernel_grad(dy, window, &ConvPatches::default())
+            .conv_kernel_grad(dy, window, &ConvSaved::default())
             .unwrap();
         let dk_saved = x.conv_kernel_grad(dy, window, &saved).unwrap();
         set_conv_algorithm(ConvAlgorithm::Auto);
@@ -343,7 +382,7 @@ mod tests {
             );
         }
         let vec = |t: Tensor| t.to_vec::<f64>().unwrap();
-        ([vec(y), vec(dx), dk], saved.0.is_some())
+        ([vec(y), vec(dx), dk], matches!(saved.0, Saved::Patches(_)))
     }
 
     fn window_operands() -> impl Strategy<Value = (Window, [usize; 3])> {
@@ -421,16 +460,21 @@ mod tests {
     fn shifted_f32_matches_the_definition_at_every_width() {
         // 28x29 over 6 images: more grid rows than one chunk, so a chunk ends in a block of
         // rows whose outputs are kept.
-        for (size, c, f, n) in [
-            (28, 16, 16, 6),
-            (7, 16, 16, 3),
-            (5, 32, 48, 2),
-            (6, 64, 16, 1),
-            (5, 16, 64, 2),
-            (4, 8, 24, 2),
+        // Strides of 2 (the forward pass and the kernel gradient) and a valid window that
+        // leaves input unread.
+        let unit = [1, 1];
+        for (size, c, f, n, stride, padding) in [
+            (28, 16, 16, 6, unit, Padding::Same),
+            (7, 16, 16, 3, unit, Padding::Same),
+            (5, 32, 48, 2, unit, Padding::Same),
+            (6, 64, 16, 1, unit, Padding::Same),
+            (5, 16, 64, 2, unit, Padding::Same),
+            (4, 8, 24, 2, unit, Padding::Same),
+            (28, 16, 32, 3, [2, 2], Padding::Same),
+            (14, 32, 64, 2, [2, 1], Padding::Same),
+            (8, 16, 16, 2, [2, 3], Padding::Valid),
         ] {
-            let window =
-                Window::new(&[size, size + 1], &[3, 2], &[1, 1], &[1, 1], Padding::Same).unwrap();
+            let window = Window::new(&[size, size + 1], &[3, 2], &stride, &unit, padding).unwrap();
             let x = values(n * size * (size + 1) * c, 4);
             let k = values(window.taps() * c * f, 5);
             let dy = values(n * window.positions() * f, 6);
@@ -450,7 +494,10 @@ mod tests {
                 xt.conv_kernel_grad(&dyt, &window, &saved).unwrap(),
             ];
             set_conv_algorithm(ConvAlgorithm::Auto);
-            assert!(saved.0.is_none(), "the shifted algorithm ran");
+            assert!(
+                matches!(saved.0, Saved::PaddedInput(_)),
+                "the shifted algorithm ran"
+            );
             let terms = [window.taps() * c, window.taps() * f, n * window.positions()];
             for ((got, want), terms) in got.iter().zip(&expected).zip(terms) {
                 let got = got.to_vec::<f32>().unwrap();
@@ -486,7 +533,10 @@ mod tests {
                     crate::set_num_threads(threads);
                     set_conv_algorithm(ConvAlgorithm::Shifted);
                     let (y, saved) = x.conv(&k, &window).unwrap();
-                    assert!(saved.0.is_none(), "the shifted algorithm ran");
+                    assert!(
+                        matches!(saved.0, Saved::PaddedInput(_)),
+                        "the shifted algorithm ran"
+                    );
                     let dx = dy.conv_input_grad(&k, &window).unwrap();
                     let dk = x.conv_kernel_grad(&dy, &window, &saved).unwrap();
                     [y, dx, dk].map(|t| {
@@ -524,7 +574,7 @@ mod tests {
         assert!(err.contains("expected 7 filters"), "{err}");
         let dy = Tensor::zeros(&[3, 5, 5, 8], DType::F32, Device::Cpu).unwrap();
         let err = x
-            .conv_kernel_grad(&dy, &window, &ConvPatches::default())
+            .conv_kernel_grad(&dy, &window, &ConvSaved::default())
             .unwrap_err();
         assert!(matches!(err, TensorError::ShapeMismatch { .. }), "{err}");
     }

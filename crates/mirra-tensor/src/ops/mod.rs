@@ -26,5 +26,5 @@ mod softmax;
 pub use bf16_accumulation::{bf16_accumulation_ablation, set_bf16_accumulation_ablation};
 pub use bf16_gemm::{bf16_matmul_path, bf16_matmul_request_error};
 pub use conv::{Padding, Window, MAX_SPATIAL};
-pub use convolution::{conv_algorithm, set_conv_algorithm, ConvAlgorithm, ConvPatches};
+pub use convolution::{conv_algorithm, set_conv_algorithm, ConvAlgorithm, ConvSaved};
 pub use elementwise::{BinaryOp, UnaryOp};

@@ -27,11 +27,13 @@ pub(super) fn takes(n: usize) -> bool {
     n.is_multiple_of(16) && (16..=64).contains(&n)
 }
 
-/// A sum of shifted products: output row `g` is `Σ_p Σ_i src[(g + offsets[p]) · stride + i]
-/// · weights[p][i][..]` for `i < inner`, `weights` one `[inner, n]` block per offset.
+/// A sum of shifted products over runs of grid positions `step` apart: output row `r` of
+/// a run starting at grid row `g` is `Σ_p Σ_i src[(g + r · step + offsets[p]) · channels +
+/// i] · weights[p][i][..]` for `i < inner`, `weights` one `[inner, n]` block per offset.
 pub(super) struct Products<'a> {
     pub src: &'a [f32],
-    pub stride: usize,
+    pub channels: usize,
+    pub step: usize,
     pub inner: usize,
     pub offsets: &'a [usize],
     pub weights: &'a [f32],
@@ -39,7 +41,8 @@ pub(super) struct Products<'a> {
 }
 
 impl Products<'_> {
-    /// Output rows `first .. first + dst.len() / n` into `dst` (row-major, `n` wide).
+    /// The output rows of the run starting at grid row `first`, `dst.len() / n` of them,
+    /// into `dst` (row-major, `n` wide).
     pub(super) fn rows(&self, first: usize, dst: &mut [f32]) {
         let (n, m) = (self.n, dst.len() / self.n.max(1));
         assert!(
@@ -49,12 +52,13 @@ impl Products<'_> {
         let reach = self.offsets.iter().copied().max().unwrap_or(0);
         assert!(
             m == 0
-                || ((first + m - 1 + reach) * self.stride + self.inner <= self.src.len()
+                || ((first + (m - 1) * self.step + reach) * self.channels + self.inner
+                    <= self.src.len()
                     && self.weights.len() >= self.offsets.len() * self.inner * n),
             "shifted products read past their operands"
         );
-        // SAFETY: AVX-512F is present (asserted); every row block reads source rows
-        // below first + m + reach, inside `src` by the assertion, weights inside
+        // SAFETY: AVX-512F is present (asserted); every row block reads source rows up
+        // to first + (m - 1) step + reach, inside `src` by the assertion, weights inside
         // `weights`, and writes its rows of `dst`.
         unsafe {
             match n / 16 {
@@ -78,19 +82,19 @@ impl Products<'_> {
             let taken = unsafe {
                 match m - r {
                     left if left >= R => {
-                        self.block::<R, NV>(first + r, at);
+                        self.block::<R, NV>(first + r * self.step, at);
                         R
                     }
                     left if left >= 4 => {
-                        self.block::<4, NV>(first + r, at);
+                        self.block::<4, NV>(first + r * self.step, at);
                         4
                     }
                     left if left >= 2 => {
-                        self.block::<2, NV>(first + r, at);
+                        self.block::<2, NV>(first + r * self.step, at);
                         2
                     }
                     _ => {
-                        self.block::<1, NV>(first + r, at);
+                        self.block::<1, NV>(first + r * self.step, at);
                         1
                     }
                 }
@@ -99,7 +103,8 @@ impl Products<'_> {
         }
     }
 
-    /// Output rows `g .. g + R` into `dst` (`R x 16·NV`, row stride `n`).
+    /// The `R` output rows from grid row `g`, `step` apart, into `dst` (`R x 16·NV`, row
+    /// stride `n`).
     #[target_feature(enable = "avx512f")]
     #[inline]
     unsafe fn block<const R: usize, const NV: usize>(&self, g: usize, dst: *mut f32) {
@@ -108,7 +113,8 @@ impl Products<'_> {
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); NV]; R];
             for (p, &offset) in self.offsets.iter().enumerate() {
-                let x = self.src.as_ptr().add((g + offset) * self.stride);
+                let x = self.src.as_ptr().add((g + offset) * self.channels);
+                let row = self.step * self.channels;
                 let w = self.weights.as_ptr().add(p * self.inner * self.n);
                 for i in 0..self.inner {
                     let mut wv = [_mm512_setzero_ps(); NV];
@@ -116,7 +122,7 @@ impl Products<'_> {
                         *v = _mm512_loadu_ps(w.add(i * self.n + 16 * j));
                     }
                     for (r, acc) in acc.iter_mut().enumerate() {
-                        let xb = _mm512_set1_ps(*x.add(r * self.stride + i));
+                        let xb = _mm512_set1_ps(*x.add(r * row + i));
                         for (a, &v) in acc.iter_mut().zip(&wv) {
                             *a = _mm512_fmadd_ps(xb, v, *a);
                         }
@@ -129,11 +135,12 @@ impl Products<'_> {
 }
 
 /// A kernel gradient's products for one tap pair: `dk[i][..] = Σ_(start, row) Σ_t<len
-/// src[(start + t) · stride + i] · dy[row + t][..]` for `i < inner`, over `runs` of `len`
-/// positions, in order (`src` begins at the pair's offset).
+/// src[(start + t · step) · channels + i] · dy[row + t][..]` for `i < inner`, over `runs`
+/// of `len` positions, in order (`src` begins at the pair's offset).
 pub(super) struct Reduction<'a> {
     pub src: &'a [f32],
-    pub stride: usize,
+    pub channels: usize,
+    pub step: usize,
     pub inner: usize,
     pub dy: &'a [f32],
     pub n: usize,
@@ -151,7 +158,8 @@ impl Reduction<'_> {
         );
         let inside = self.runs.iter().all(|&(start, row)| {
             self.len == 0
-                || ((start + self.len - 1) * self.stride + self.inner <= self.src.len()
+                || ((start + (self.len - 1) * self.step) * self.channels + self.inner
+                    <= self.src.len()
                     && (row + self.len) * n <= self.dy.len())
         });
         assert!(
@@ -193,7 +201,10 @@ impl Reduction<'_> {
             let mut acc = [[_mm512_setzero_ps(); NV]; R];
             for &(start, row) in self.runs {
                 for t in 0..self.len {
-                    let x = self.src.as_ptr().add((start + t) * self.stride + i);
+                    let x = self
+                        .src
+                        .as_ptr()
+                        .add((start + t * self.step) * self.channels + i);
                     let d = self.dy.as_ptr().add((row + t) * self.n);
                     let mut dv = [_mm512_setzero_ps(); NV];
                     for (j, v) in dv.iter_mut().enumerate() {
