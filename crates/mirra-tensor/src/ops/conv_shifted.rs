@@ -125,18 +125,29 @@ impl Grid {
         self.n * self.image()
     }
 
-    /// Whether operands of `dtype` run on this CPU's own kernels, which compute the kept
-    /// positions only (gemm computes every grid row).
-    pub(super) fn runs_native(&self, dtype: mirra_device::DType) -> bool {
+    /// Whether `pass` on operands of `dtype` runs on this CPU's own kernels, which compute
+    /// the kept positions only (gemm computes every grid row) and take any stride for the
+    /// forward pass and the kernel gradient.
+    pub(super) fn runs_native(&self, dtype: mirra_device::DType, pass: Pass) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            use super::shifted_avx512::{available, takes};
-            dtype == mirra_device::DType::F32 && available() && takes(self.c) && takes(self.f)
+            dtype == mirra_device::DType::F32
+                && super::shifted_avx512::available()
+                && super::shifted_avx512::takes(self.native_width(pass))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = dtype;
+            let _ = (dtype, pass);
             false
+        }
+    }
+
+    /// The width of what `pass` writes row by row: the filters of the output and of the
+    /// kernel gradient's rows, the channels of the input gradient.
+    fn native_width(&self, pass: Pass) -> usize {
+        match pass {
+            Pass::Forward | Pass::KernelGrad => self.f,
+            Pass::InputGrad => self.c,
         }
     }
 
@@ -383,7 +394,7 @@ impl Grid {
     fn forward<T: Float>(&self, padded: &[T], kernel: &[T], y: &mut [T]) -> Result<()> {
         let src = padded;
         #[cfg(target_arch = "x86_64")]
-        if let Some((src, kernel, y)) = native(src, kernel, y, [self.c, self.f]) {
+        if let Some((src, kernel, y)) = native(src, kernel, y, self.native_width(Pass::Forward)) {
             self.native_products(
                 src,
                 self.c,
@@ -426,7 +437,9 @@ impl Grid {
         let grad = self.padded_grad(dy)?;
         let src = grad.as_slice::<T>()?;
         #[cfg(target_arch = "x86_64")]
-        if let Some((src, flipped, dx)) = native(src, &flipped, dx, [f, c]) {
+        if let Some((src, flipped, dx)) =
+            native(src, &flipped, dx, self.native_width(Pass::InputGrad))
+        {
             self.native_products(src, f, flipped, dx, c, self.input, (self.pad, [1; 3]));
             return Ok(());
         }
@@ -443,7 +456,7 @@ impl Grid {
         let src = padded;
         let block = self.kernel[2] * self.c * self.f;
         #[cfg(target_arch = "x86_64")]
-        if let Some((src, dy, dk)) = native(src, dy, dk, [self.c, self.f]) {
+        if let Some((src, dy, dk)) = native(src, dy, dk, self.native_width(Pass::KernelGrad)) {
             let runs = self.run_starts(self.output, [0; 3], self.stride);
             let len = self.output[2];
             let per = self.runs_per_chunk(len, self.c.max(self.f));
@@ -524,16 +537,16 @@ impl Grid {
 }
 
 /// The operands as f32 for this CPU's own kernels, when `T` is f32 and the CPU has them
-/// for these widths (input and output channels); `None` otherwise.
+/// for rows `width` wide; `None` otherwise.
 #[cfg(target_arch = "x86_64")]
 fn native<'a, T: Element>(
     a: &'a [T],
     b: &'a [T],
     out: &'a mut [T],
-    widths: [usize; 2],
+    width: usize,
 ) -> Option<(&'a [f32], &'a [f32], &'a mut [f32])> {
     use super::shifted_avx512::{available, takes};
-    if !(available() && widths.iter().all(|&w| takes(w))) {
+    if !(available() && takes(width)) {
         return None;
     }
     Some((as_f32(a)?, as_f32(b)?, as_f32_mut(out)?))

@@ -38,8 +38,9 @@ pub enum ConvAlgorithm {
 
 /// The most grid rows per output position `Auto` accepts for `Shifted` through gemm: it
 /// computes that many positions per one kept, against `im2col`'s `taps` copies of the
-/// input. (On the CPU's own kernels, f32 on AVX-512 with 16 to 64 channels and filters in
-/// steps of 16, it computes the kept positions only, and always wins.)
+/// input. (On the CPU's own kernels, f32 on AVX-512 where what the pass writes is whole
+/// vectors wide (filters for the output and the kernel gradient, channels for the input
+/// gradient), it computes the kept positions only, and always wins.)
 const MAX_GRID_OVERHEAD: f64 = 1.35;
 
 /// The narrowest inner dimension (`k_last · channels`) `Auto` gives `Shifted`: narrower
@@ -97,13 +98,19 @@ fn shifted(
         return None;
     }
     let grid = Grid::new(window, n, c, f)?;
-    let native = grid.runs_native(dtype);
+    let native = grid.runs_native(dtype, pass);
     // Other strides run on the CPU's own kernels only, and not for the input gradient
     // (a transposed convolution: each input position gathers from a stride's phase).
     if !grid.unit_stride() && (!native || matches!(pass, Pass::InputGrad)) {
         return None;
     }
-    let inner = window.kernel().last().copied().unwrap_or(1) * c;
+    // gemm's inner dimension: a tap row of what the pass reads.
+    let read = if matches!(pass, Pass::InputGrad) {
+        f
+    } else {
+        c
+    };
+    let inner = window.kernel().last().copied().unwrap_or(1) * read;
     match conv_algorithm() {
         ConvAlgorithm::Im2col => None,
         ConvAlgorithm::Shifted => Some(grid),
@@ -473,6 +480,12 @@ mod tests {
             (28, 16, 32, 3, [2, 2], Padding::Same),
             (14, 32, 64, 2, [2, 1], Padding::Same),
             (8, 16, 16, 2, [2, 3], Padding::Valid),
+            // Wider than one group of 64 columns, one input channel, and a pass that runs
+            // natively beside one that does not.
+            (5, 16, 80, 1, unit, Padding::Same),
+            (4, 96, 128, 1, unit, Padding::Same),
+            (7, 1, 16, 2, unit, Padding::Valid),
+            (6, 80, 8, 1, unit, Padding::Same),
         ] {
             let window = Window::new(&[size, size + 1], &[3, 2], &stride, &unit, padding).unwrap();
             let x = values(n * size * (size + 1) * c, 4);

@@ -4,9 +4,9 @@
 //! gemm runs a product whose output is 16 columns wide (a 16-filter layer) through its
 //! narrowest micro-kernel, six accumulators of 16 lanes, and reads the output back for
 //! each of the `k1 · k2` products added into it. These kernels hold a block of output
-//! rows in registers across every tap of the window: `R` rows of `16 · NV` columns, each
-//! input element broadcast once per block and multiplied with one row of weights. The
-//! output is written once.
+//! rows in registers across every tap of the window: `R` rows of `16 · NV` columns (up to
+//! 64; wider outputs in groups of 64), each input element broadcast once per block and
+//! multiplied with one row of weights. The output is written once.
 //!
 //! Every output element is the sum over taps, then over the tap's inner index, in that
 //! order, whatever block or chunk its row falls in, so the bits do not depend on how rows
@@ -22,10 +22,14 @@ pub(super) fn available() -> bool {
     *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
 }
 
-/// Whether the kernels take an output (or reduction) width of `n` columns.
+/// Whether the kernels take an output (or reduction) width of `n` columns: whole vectors,
+/// computed in groups of up to 64 columns.
 pub(super) fn takes(n: usize) -> bool {
-    n.is_multiple_of(16) && (16..=64).contains(&n)
+    n.is_multiple_of(16) && n > 0
 }
+
+/// The widest group of columns a kernel holds in registers.
+const GROUP: usize = 64;
 
 /// A sum of shifted products over runs of grid positions `step` apart: output row `r` of
 /// a run starting at grid row `g` is `Σ_p Σ_i src[(g + r · step + offsets[p]) · channels +
@@ -47,7 +51,7 @@ impl Products<'_> {
         let (n, m) = (self.n, dst.len() / self.n.max(1));
         assert!(
             available() && takes(n),
-            "the AVX-512 products run on AVX-512, 16 to 64 wide"
+            "the AVX-512 products run on AVX-512, whole vectors wide"
         );
         let reach = self.offsets.iter().copied().max().unwrap_or(0);
         assert!(
@@ -57,15 +61,18 @@ impl Products<'_> {
                     && self.weights.len() >= self.offsets.len() * self.inner * n),
             "shifted products read past their operands"
         );
-        // SAFETY: AVX-512F is present (asserted); every row block reads source rows up
-        // to first + (m - 1) step + reach, inside `src` by the assertion, weights inside
-        // `weights`, and writes its rows of `dst`.
-        unsafe {
-            match n / 16 {
-                1 => self.blocks::<14, 1>(first, dst),
-                2 => self.blocks::<14, 2>(first, dst),
-                3 => self.blocks::<8, 3>(first, dst),
-                _ => self.blocks::<7, 4>(first, dst),
+        for col in (0..n).step_by(GROUP) {
+            // SAFETY: AVX-512F is present (asserted); every row block reads source rows
+            // up to first + (m - 1) step + reach, inside `src` by the assertion, weights
+            // inside `weights`, and writes its rows of `dst`, columns col .. col + width
+            // <= n.
+            unsafe {
+                match (n - col).min(GROUP) / 16 {
+                    1 => self.blocks::<14, 1>(first, dst, col),
+                    2 => self.blocks::<14, 2>(first, dst, col),
+                    3 => self.blocks::<8, 3>(first, dst, col),
+                    _ => self.blocks::<7, 4>(first, dst, col),
+                }
             }
         }
     }
@@ -73,28 +80,33 @@ impl Products<'_> {
     /// Blocks of `R` rows, then what is left in blocks of 4, then 2 and 1 (a run of
     /// 7 positions is not a multiple of 6).
     #[target_feature(enable = "avx512f")]
-    unsafe fn blocks<const R: usize, const NV: usize>(&self, first: usize, dst: &mut [f32]) {
+    unsafe fn blocks<const R: usize, const NV: usize>(
+        &self,
+        first: usize,
+        dst: &mut [f32],
+        col: usize,
+    ) {
         let m = dst.len() / self.n;
         let mut r = 0;
         while r < m {
-            let at = dst[r * self.n..].as_mut_ptr();
+            let at = dst[r * self.n + col..].as_mut_ptr();
             // SAFETY: the caller's bounds; each block's rows r .. r + taken lie below m.
             let taken = unsafe {
                 match m - r {
                     left if left >= R => {
-                        self.block::<R, NV>(first + r * self.step, at);
+                        self.block::<R, NV>(first + r * self.step, at, col);
                         R
                     }
                     left if left >= 4 => {
-                        self.block::<4, NV>(first + r * self.step, at);
+                        self.block::<4, NV>(first + r * self.step, at, col);
                         4
                     }
                     left if left >= 2 => {
-                        self.block::<2, NV>(first + r * self.step, at);
+                        self.block::<2, NV>(first + r * self.step, at, col);
                         2
                     }
                     _ => {
-                        self.block::<1, NV>(first + r * self.step, at);
+                        self.block::<1, NV>(first + r * self.step, at, col);
                         1
                     }
                 }
@@ -103,11 +115,11 @@ impl Products<'_> {
         }
     }
 
-    /// The `R` output rows from grid row `g`, `step` apart, into `dst` (`R x 16·NV`, row
-    /// stride `n`).
+    /// Columns `col .. col + 16·NV` of the `R` output rows from grid row `g`, `step` apart,
+    /// into `dst` (those columns of the first row; row stride `n`).
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn block<const R: usize, const NV: usize>(&self, g: usize, dst: *mut f32) {
+    unsafe fn block<const R: usize, const NV: usize>(&self, g: usize, dst: *mut f32, col: usize) {
         // SAFETY: the caller's bounds: every source row g + r + offset and weight row read lies
         // inside the operands, and dst holds R rows of n.
         unsafe {
@@ -115,7 +127,7 @@ impl Products<'_> {
             for (p, &offset) in self.offsets.iter().enumerate() {
                 let x = self.src.as_ptr().add((g + offset) * self.channels);
                 let row = self.step * self.channels;
-                let w = self.weights.as_ptr().add(p * self.inner * self.n);
+                let w = self.weights.as_ptr().add(p * self.inner * self.n + col);
                 for i in 0..self.inner {
                     let mut wv = [_mm512_setzero_ps(); NV];
                     for (j, v) in wv.iter_mut().enumerate() {
@@ -154,7 +166,7 @@ impl Reduction<'_> {
         let n = self.n;
         assert!(
             available() && takes(n),
-            "the AVX-512 products run on AVX-512, 16 to 64 wide"
+            "the AVX-512 products run on AVX-512, whole vectors wide"
         );
         let inside = self.runs.iter().all(|&(start, row)| {
             self.len == 0
@@ -166,35 +178,38 @@ impl Reduction<'_> {
             dk.len() >= self.inner * n && inside,
             "a kernel gradient's products read past their operands"
         );
-        // SAFETY: AVX-512F is present and every read lies inside the operands (asserted).
-        unsafe {
-            match n / 16 {
-                1 => self.columns::<16, 1>(dk),
-                2 => self.columns::<12, 2>(dk),
-                3 => self.columns::<8, 3>(dk),
-                _ => self.columns::<6, 4>(dk),
+        for col in (0..n).step_by(GROUP) {
+            // SAFETY: AVX-512F is present and every read lies inside the operands
+            // (asserted); each group writes columns col .. col + width <= n of dk's rows.
+            unsafe {
+                match (n - col).min(GROUP) / 16 {
+                    1 => self.columns::<16, 1>(dk, col),
+                    2 => self.columns::<12, 2>(dk, col),
+                    3 => self.columns::<8, 3>(dk, col),
+                    _ => self.columns::<6, 4>(dk, col),
+                }
             }
         }
     }
 
     /// Blocks of `R` inner indices, then the last ones one at a time.
     #[target_feature(enable = "avx512f")]
-    unsafe fn columns<const R: usize, const NV: usize>(&self, dk: &mut [f32]) {
+    unsafe fn columns<const R: usize, const NV: usize>(&self, dk: &mut [f32], col: usize) {
         let full = self.inner / R * R;
         for i in (0..full).step_by(R) {
             // SAFETY: the caller's bounds.
-            unsafe { self.sum::<R, NV>(i, dk[i * self.n..].as_mut_ptr()) };
+            unsafe { self.sum::<R, NV>(i, dk[i * self.n + col..].as_mut_ptr(), col) };
         }
         for i in full..self.inner {
             // SAFETY: the caller's bounds.
-            unsafe { self.sum::<1, NV>(i, dk[i * self.n..].as_mut_ptr()) };
+            unsafe { self.sum::<1, NV>(i, dk[i * self.n + col..].as_mut_ptr(), col) };
         }
     }
 
     /// Rows `i .. i + R` of the block, each summed over the runs' positions in order.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn sum<const R: usize, const NV: usize>(&self, i: usize, dst: *mut f32) {
+    unsafe fn sum<const R: usize, const NV: usize>(&self, i: usize, dst: *mut f32, col: usize) {
         // SAFETY: the caller's bounds: every run's positions and inner indices i .. i + R lie
         // inside `src`, its rows inside `dy`, and dst holds R rows of n.
         unsafe {
@@ -205,7 +220,7 @@ impl Reduction<'_> {
                         .src
                         .as_ptr()
                         .add((start + t * self.step) * self.channels + i);
-                    let d = self.dy.as_ptr().add((row + t) * self.n);
+                    let d = self.dy.as_ptr().add((row + t) * self.n + col);
                     let mut dv = [_mm512_setzero_ps(); NV];
                     for (j, v) in dv.iter_mut().enumerate() {
                         *v = _mm512_loadu_ps(d.add(16 * j));
