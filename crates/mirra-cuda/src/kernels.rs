@@ -45,7 +45,8 @@ modules!(
     "index",
     "optim",
     "reduce",
-    "softmax"
+    "softmax",
+    "window"
 );
 
 impl Module {
@@ -166,6 +167,29 @@ pub const MAX_RANK: usize = 8;
 // SAFETY: `Broadcast` is `repr(C)` plain data of the kernel's `struct Broadcast` layout
 // (u64 arrays and a u64: no padding), passed by value.
 unsafe impl cudarc::driver::DeviceRepr for Broadcast {}
+
+/// A sliding window's geometry for `im2col_*`, `col2im_*`, `max_pool_*` and
+/// `max_pool_grad_*` (`struct WindowGeometry` of `kernels/window.cu`): channels-last
+/// tensors `[images, d1, d2, d3, channels]`, spatial dims beyond the window's rank of size
+/// 1 (kernel, stride and dilation 1, padding 0). Tap `k` of output position `o` reads input
+/// coordinate `o * stride - pad + k * dilation` along each dim.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+#[allow(missing_docs)]
+pub struct WindowGeometry {
+    pub input: [u64; 3],
+    pub output: [u64; 3],
+    pub kernel: [u64; 3],
+    pub stride: [u64; 3],
+    pub dilation: [u64; 3],
+    pub pad: [u64; 3],
+    pub images: u64,
+    pub channels: u64,
+}
+
+// SAFETY: `WindowGeometry` is `repr(C)` plain data of the kernel's `struct WindowGeometry`
+// layout (u64 arrays and u64s: no padding), passed by value.
+unsafe impl cudarc::driver::DeviceRepr for WindowGeometry {}
 
 /// Threads per block of every launch (a multiple of the warp, at most `MIRRA_MAX_BLOCK`).
 pub const BLOCK: u32 = 256;
@@ -393,6 +417,10 @@ mod tests {
             "scale_in_place",
             "argmax",
             "one_hot",
+            "im2col",
+            "col2im",
+            "max_pool",
+            "max_pool_grad",
         ] {
             want.extend(floats.map(|d| format!("{k}_{d}")));
         }
@@ -441,14 +469,14 @@ mod tests {
 
     #[test]
     fn kernels_without_library_functions_do_not_fuse_multiply_add() {
-        // Compiled with --fmad=false, the optimizers, reductions and the collectives'
-        // kernels round every product and sum as the CPU does (compiled without it, Adam's
-        // `m + (g - m) * (1 - b1)` becomes an fma). The modules that call exp, log, tanh or
+        // Compiled with --fmad=false, the optimizers', reductions', window sums' and the
+        // collectives' kernels round every product and sum as the CPU does (compiled
+        // without it, Adam's `m + (g - m) * (1 - b1)` becomes an fma). The modules that call exp, log, tanh or
         // erf hold the fma instructions of those library functions.
         for m in MODULES {
             let fmas = m.sm_90.matches("fma.rn").count();
             match m.name {
-                "collective" | "optim" | "reduce" => assert_eq!(fmas, 0, "{}", m.name),
+                "collective" | "optim" | "reduce" | "window" => assert_eq!(fmas, 0, "{}", m.name),
                 _ => {}
             }
         }

@@ -10,7 +10,7 @@
 //! ulp, Rust's within 1, and sigmoid and GELU compose them), 1 for f16 and bf16 (the f32
 //! results round to the same 16-bit value or a neighbour).
 
-use mirra_tensor::{BinaryOp, DType, Device, Tensor, UnaryOp};
+use mirra_tensor::{BinaryOp, DType, Device, Padding, Tensor, UnaryOp, Window};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 
@@ -494,4 +494,129 @@ fn values_copied_out_of_the_device_and_the_non_finite_scan() {
     p.device_memory_mut().unwrap().fill_zero().unwrap();
     assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.0; 100]);
     assert_eq!(xg.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+}
+
+/// Windows of every kind the models use: `same` 3x3 convolutions, a strided one, 2x2
+/// pooling, ResNet-50's overlapping 3x3 pooling of stride 2, a 3D window, a dilated 1D
+/// one. Each: the input's dims (`[n, spatial.., c]`), kernel, stride, dilation, padding.
+fn windows() -> Vec<(Vec<usize>, Window)> {
+    let w = |input: &[usize], k: &[usize], s: &[usize], d: &[usize], p: Padding| {
+        let spatial = &input[1..input.len() - 1];
+        (input.to_vec(), Window::new(spatial, k, s, d, p).unwrap())
+    };
+    vec![
+        w(&[2, 9, 7, 5], &[3, 3], &[1, 1], &[1, 1], Padding::Same),
+        w(&[2, 9, 8, 3], &[3, 3], &[2, 2], &[1, 1], Padding::Same),
+        w(&[3, 8, 6, 4], &[2, 2], &[2, 2], &[1, 1], Padding::Valid),
+        w(&[2, 11, 11, 3], &[3, 3], &[2, 2], &[1, 1], Padding::Same),
+        w(
+            &[1, 5, 6, 7, 2],
+            &[3, 3, 3],
+            &[1, 1, 1],
+            &[1, 1, 1],
+            Padding::Same,
+        ),
+        w(&[2, 17, 3], &[5], &[1], &[2], Padding::Valid),
+    ]
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn window_ops_match_the_cpu_bit_for_bit() {
+    for dtype in FLOATS {
+        for (case, (dims, window)) in windows().into_iter().enumerate() {
+            let what = |op: &str| format!("{op} of window {case} ({dtype})");
+            let mut x = random(&dims, dtype, 90 + case as u64);
+            // Ties (the first of equal maxima wins) and a NaN (it wins) for the pooling.
+            let mut v = x.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let c = dims[dims.len() - 1];
+            v[c] = v[0];
+            v[2 * c + 1] = f32::NAN;
+            x = Tensor::from_slice(&v, &dims, Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let xg = x.to_device(gpu()).unwrap();
+            let cols = x.im2col(&window).unwrap();
+            let got = xg.im2col(&window).unwrap();
+            assert_eq!(got.device(), gpu());
+            assert_close(&what("im2col"), &got, &cols, 0.0);
+            let g = random(cols.dims(), dtype, 190 + case as u64);
+            let want = g.col2im(&window, c).unwrap();
+            let got = g.to_device(gpu()).unwrap().col2im(&window, c).unwrap();
+            assert_close(&what("col2im"), &got, &want, 0.0);
+            let (values, winners) = x.max_pool(&window).unwrap();
+            let (gv, gw) = xg.max_pool(&window).unwrap();
+            assert_close(&what("max_pool"), &gv, &values, 0.0);
+            assert_eq!(
+                gw.to_device(Device::Cpu).unwrap().to_vec::<i64>().unwrap(),
+                winners.to_vec::<i64>().unwrap(),
+                "{}",
+                what("max_pool winners")
+            );
+            let dy = random(values.dims(), dtype, 290 + case as u64);
+            let want = dy.max_pool_grad(&winners, &dims).unwrap();
+            let got = dy
+                .to_device(gpu())
+                .unwrap()
+                .max_pool_grad(&gw, &dims)
+                .unwrap();
+            assert_close(&what("max_pool_grad"), &got, &want, 0.0);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn convolutions_and_their_gradients_match_the_cpu() {
+    for dtype in [DType::F32, DType::F64] {
+        for (case, (dims, window)) in windows().into_iter().enumerate() {
+            let what = |op: &str| format!("{op} of window {case} ({dtype})");
+            let c = dims[dims.len() - 1];
+            let f = 6;
+            let mut kernel_dims = window.kernel().to_vec();
+            kernel_dims.extend([c, f]);
+            let x = random(&dims, dtype, 390 + case as u64);
+            let k = random(&kernel_dims, dtype, 490 + case as u64);
+            let (xg, kg) = (x.to_device(gpu()).unwrap(), k.to_device(gpu()).unwrap());
+            let (y, saved) = x.conv(&k, &window).unwrap();
+            let (got, gsaved) = xg.conv(&kg, &window).unwrap();
+            assert_eq!(got.device(), gpu());
+            let inner = window.taps() * c;
+            assert_summed(&what("conv"), &got, &y, inner);
+            let dy = random(y.dims(), dtype, 590 + case as u64);
+            let dyg = dy.to_device(gpu()).unwrap();
+            let want = dy.conv_input_grad(&k, &window).unwrap();
+            let got = dyg.conv_input_grad(&kg, &window).unwrap();
+            assert_summed(&what("conv_input_grad"), &got, &want, window.taps() * f);
+            let want = x.conv_kernel_grad(&dy, &window, &saved).unwrap();
+            let got = xg.conv_kernel_grad(&dyg, &window, &gsaved).unwrap();
+            assert_summed(&what("conv_kernel_grad"), &got, &want, y.elem_count() / f);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_pooling_winner_outside_its_image_or_channel_is_an_error() {
+    let dims = [2, 4, 4, 3];
+    let window = Window::new(&[4, 4], &[2, 2], &[2, 2], &[1, 1], Padding::Valid).unwrap();
+    let x = random(&dims, DType::F32, 99).to_device(gpu()).unwrap();
+    let (values, winners) = x.max_pool(&window).unwrap();
+    let mut w = winners
+        .to_device(Device::Cpu)
+        .unwrap()
+        .to_vec::<i64>()
+        .unwrap();
+    for (stray, why) in [(w[0] + 1, "another channel"), (w[0] + 48, "another image")] {
+        let keep = w[0];
+        w[0] = stray;
+        let bad = Tensor::from_slice(&w, winners.dims(), gpu()).unwrap();
+        let e = values.max_pool_grad(&bad, &dims).unwrap_err().to_string();
+        assert!(
+            e.contains("outside its own image and channel"),
+            "{why}: {e}"
+        );
+        w[0] = keep;
+    }
 }

@@ -90,12 +90,6 @@ pub fn by_name(name: &str, options: Options) -> Option<Network> {
     }
 }
 
-/// True for the models whose layers run on the host only in this build (convolutions,
-/// pooling, batch norm).
-pub fn host_only(name: &str) -> bool {
-    name != "mlp"
-}
-
 /// The CIFAR-style ResNet-20 of He et al. (2016) on 28x28x1 digits: a 3x3 convolution of
 /// 16 filters, three stages of three basic blocks (16, 32 and 64 filters; the second and
 /// third stages halve the resolution with a stride of 2, their first block's shortcut a

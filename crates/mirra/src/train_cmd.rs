@@ -149,13 +149,6 @@ fn train(args: &TrainArgs, fault: Option<Fault>) -> Result<(), Failure> {
         });
     }
     let device = devices[0];
-    if mirra::models::host_only(&args.model) && !device.is_cpu() {
-        return Err(Failure::Usage(format!(
-            "--model {} with --device {}: convolutions, pooling and batch norm run on the \
-             host in this build (--device cpu)",
-            args.model, args.device
-        )));
-    }
     if args.tf32 && device.is_cpu() {
         return Err(Failure::Usage(
             "--tf32 with --device cpu: TF32 is a CUDA matmul mode; the CPU computes f32 \

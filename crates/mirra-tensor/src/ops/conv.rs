@@ -11,6 +11,7 @@
 
 use std::ops::Range;
 
+use mirra_cuda::kernels::WindowGeometry;
 use mirra_device::{vectorize, Buffer, Element, FloatElement};
 
 use crate::dispatch::with_any;
@@ -158,6 +159,28 @@ impl Window {
     /// Elements of one patch per channel (the product of [`kernel`](Window::kernel)).
     pub fn taps(&self) -> usize {
         self.kernel.iter().product()
+    }
+
+    /// This window over `images` images of `channels` channels, as the CUDA kernels read
+    /// it (spatial dims beyond the rank of size 1).
+    fn geometry(&self, images: usize, channels: usize) -> WindowGeometry {
+        let wide = |a: &[usize; MAX_SPATIAL], unused: u64| {
+            let mut out = [unused; 3];
+            for (o, &v) in out.iter_mut().zip(&a[..self.rank]) {
+                *o = v as u64;
+            }
+            out
+        };
+        WindowGeometry {
+            input: wide(&self.input, 1),
+            output: wide(&self.output, 1),
+            kernel: wide(&self.kernel, 1),
+            stride: wide(&self.stride, 1),
+            dilation: wide(&self.dilation, 1),
+            pad: wide(&self.pad, 0),
+            images: images as u64,
+            channels: channels as u64,
+        }
     }
 
     /// True when no tap of any window falls outside the input (no padding on either side).
@@ -327,7 +350,8 @@ impl Tensor {
         let op = "im2col";
         let [n, c] = check_channels_last(op, self, window)?;
         if !self.device().is_cpu() {
-            return Err(on_device(op, self));
+            let dims = Window::dims(n, window.output(), window.taps() * c);
+            return super::cuda::window_map(op, self, window.geometry(n, c), &dims);
         }
         let x = self.contiguous()?;
         let positions = window.positions();
@@ -385,10 +409,11 @@ impl Tensor {
                 shape: *self.shape(),
             });
         }
-        if !self.device().is_cpu() {
-            return Err(on_device(op, self));
-        }
         let n = dims[0];
+        if !self.device().is_cpu() {
+            let dims = Window::dims(n, window.input(), channels);
+            return super::cuda::window_map(op, self, window.geometry(n, channels), &dims);
+        }
         let cols = self.contiguous()?;
         match_float_dtype!(cols.dtype(), T => col2im_kernel::<T>(&cols, window, n, channels),
             dtype => Err(TensorError::UnsupportedDType { op, dtype }))
@@ -405,7 +430,8 @@ impl Tensor {
         let op = "max_pool";
         let [n, c] = check_channels_last(op, self, window)?;
         if !self.device().is_cpu() {
-            return Err(on_device(op, self));
+            let dims = Window::dims(n, window.output(), c);
+            return super::cuda::max_pool(self, window.geometry(n, c), &dims);
         }
         let x = self.contiguous()?;
         match_float_dtype!(x.dtype(), T => max_pool_kernel::<T>(&x, window, n, c),
@@ -435,7 +461,7 @@ impl Tensor {
             });
         }
         if !self.device().is_cpu() {
-            return Err(on_device(op, self));
+            return super::cuda::max_pool_grad(self, argmax, input);
         }
         let (g, winners) = (self.contiguous()?, argmax.contiguous()?);
         let winners = winners.as_slice::<i64>()?;
@@ -661,17 +687,6 @@ pub(super) fn check_channels_last(
         });
     }
     Ok([d[0], d[d.len() - 1]])
-}
-
-fn on_device(op: &'static str, x: &Tensor) -> TensorError {
-    TensorError::Invalid {
-        op,
-        msg: format!(
-            "on {}: convolutions and pooling run on the host in this build",
-            x.device()
-        ),
-        shape: *x.shape(),
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use mirra_cuda::kernels::{BinaryKernel, Broadcast, ReduceKernel, UnaryKernel};
+use mirra_cuda::kernels::{BinaryKernel, Broadcast, ReduceKernel, UnaryKernel, WindowGeometry};
 use mirra_cuda::runtime::{DeviceBuffer, Gemm, GemmType, Runtime};
 use mirra_cuda::CudaError;
 use mirra_device::{Buffer, DType, Device, DeviceError};
@@ -414,17 +414,22 @@ fn device_index(op: &'static str, index: &Tensor, device: Device) -> Result<Tens
     host.to_device(device)
 }
 
+/// An error of `op` on a tensor of `shape` saying `msg`, when a kernel set its flag (one
+/// i32 on the device, zeroed before the launch).
+fn refuse_if_raised(op: &'static str, flag: &Buffer, msg: &str, shape: &Shape) -> Result<()> {
+    if flag.to_device(Device::Cpu)?.as_slice::<i32>()?[0] == 0 {
+        return Ok(());
+    }
+    Err(TensorError::Invalid {
+        op,
+        msg: msg.into(),
+        shape: *shape,
+    })
+}
+
 /// Reads the kernel's bad-index flag: an error when an index was outside `0..n`.
 fn check_flag(op: &'static str, flag: &Buffer, n: usize, shape: &Shape) -> Result<()> {
-    let bad = flag.to_device(Device::Cpu)?;
-    if bad.as_slice::<i32>()?[0] != 0 {
-        return Err(TensorError::Invalid {
-            op,
-            msg: format!("an index out of range 0..{n}"),
-            shape: *shape,
-        });
-    }
-    Ok(())
+    refuse_if_raised(op, flag, &format!("an index out of range 0..{n}"), shape)
 }
 
 /// `gather` along the middle axis of `x` viewed as `[outer, n, inner]`, `index` as
@@ -662,6 +667,118 @@ pub(crate) fn concat(parts: &[&Tensor], ax: usize, shape: &Shape) -> Result<Tens
         col += len;
     }
     Tensor::from_buffer(out, shape)
+}
+
+/// A window kernel that maps `x` (float, on its device) to a new tensor of `dims`, one
+/// thread per output element: `im2col` (the patches of window `w` over `[n, d1, .., dk,
+/// c]`, `[n, o1, .., ok, taps * c]`, zeros in the padding) or `col2im` (its adjoint: patch
+/// values summed back into an input, element by element in the CPU's order).
+pub(crate) fn window_map(
+    op: &'static str,
+    x: &Tensor,
+    w: WindowGeometry,
+    dims: &[usize],
+) -> Result<Tensor> {
+    let sfx = float_suffix(op, x.dtype())?;
+    let x = x.contiguous()?;
+    let rt = runtime(op, &x)?;
+    let count = dims.iter().product();
+    let out = Buffer::alloc(x.dtype(), count, x.device())?;
+    let (xp, yp) = (address(op, &x)?, buffer_address(&out));
+    launch!(rt, format!("{op}_{sfx}"), count, |l| {
+        l.arg(&xp).arg(&yp).arg(&w);
+    })?;
+    Tensor::from_buffer(out, dims)
+}
+
+/// Max pooling of `x` over window `w` into values and i64 winners of `dims` (the flat
+/// index into `x` of each output's largest tap, the first of equal maxima).
+pub(crate) fn max_pool(x: &Tensor, w: WindowGeometry, dims: &[usize]) -> Result<(Tensor, Tensor)> {
+    let op = "max_pool";
+    let sfx = float_suffix(op, x.dtype())?;
+    let x = x.contiguous()?;
+    let rt = runtime(op, &x)?;
+    let count = dims.iter().product();
+    let values = Buffer::alloc(x.dtype(), count, x.device())?;
+    let winners = Buffer::alloc(DType::I64, count, x.device())?;
+    let flag = Buffer::zeros(DType::I32, 1, x.device())?;
+    let (xp, vp, wp, fp) = (
+        address(op, &x)?,
+        buffer_address(&values),
+        buffer_address(&winners),
+        buffer_address(&flag),
+    );
+    launch!(rt, format!("max_pool_{sfx}"), count, |l| {
+        l.arg(&xp).arg(&vp).arg(&wp).arg(&w).arg(&fp);
+    })?;
+    refuse_if_raised(
+        op,
+        &flag,
+        "a window with no tap inside the input",
+        x.shape(),
+    )?;
+    Ok((
+        Tensor::from_buffer(values, dims)?,
+        Tensor::from_buffer(winners, dims)?,
+    ))
+}
+
+/// The gradient of [`max_pool`]: `g` added into its winners (`winners`, flat indices into
+/// the input) in a new zero tensor of the input's `dims` (`[n, .., c]`), output position by
+/// position in order, summed in the accumulation type. A winner outside its own image and
+/// channel is an error.
+pub(crate) fn max_pool_grad(g: &Tensor, winners: &Tensor, dims: &[usize]) -> Result<Tensor> {
+    let op = "max_pool_grad";
+    let sfx = float_suffix(op, g.dtype())?;
+    same_device(op, g, winners)?;
+    let (g, winners) = (g.contiguous()?, winners.contiguous()?);
+    let rt = runtime(op, &g)?;
+    let (images, channels) = (dims[0], dims[dims.len() - 1]);
+    if g.dims().last() != Some(&channels) {
+        return Err(TensorError::Invalid {
+            op,
+            msg: format!("a gradient of {channels} channels, as the input {dims:?}"),
+            shape: *g.shape(),
+        });
+    }
+    let per_image = |count: usize| (count / (images * channels).max(1)) as u64;
+    let count: usize = dims.iter().product();
+    // The kernel reads positions alone: one spatial dim of each image's positions.
+    let w = WindowGeometry {
+        input: [per_image(count), 1, 1],
+        output: [per_image(g.elem_count()), 1, 1],
+        kernel: [1; 3],
+        stride: [1; 3],
+        dilation: [1; 3],
+        pad: [0; 3],
+        images: images as u64,
+        channels: channels as u64,
+    };
+    let acc = if g.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let sums = Buffer::zeros(acc, count, g.device())?;
+    let out = Buffer::alloc(g.dtype(), count, g.device())?;
+    let flag = Buffer::zeros(DType::I32, 1, g.device())?;
+    let (gp, ip, sp, yp, fp) = (
+        address(op, &g)?,
+        address(op, &winners)?,
+        buffer_address(&sums),
+        buffer_address(&out),
+        buffer_address(&flag),
+    );
+    launch!(rt, format!("max_pool_grad_{sfx}"), images * channels, |l| {
+        l.arg(&gp).arg(&ip).arg(&sp).arg(&yp).arg(&w).arg(&fp);
+    })?;
+    refuse_if_raised(
+        op,
+        &flag,
+        "a winner outside its own image and channel",
+        g.shape(),
+    )?;
+    Tensor::from_buffer(out, dims)
 }
 
 impl Tensor {
