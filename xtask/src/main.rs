@@ -41,6 +41,7 @@ mod subnormal;
 mod table;
 mod timing;
 mod torch_train;
+mod torch_unet;
 
 use std::process::ExitCode;
 
