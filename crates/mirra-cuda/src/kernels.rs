@@ -386,6 +386,66 @@ mod tests {
         check(common, "Reduce", "REDUCE_", &reduce.map(|r| (r, r as i32)));
     }
 
+    /// The fields of `struct name` in a CUDA source, each as `(field, elements)`, in order
+    /// (every field a u64 or an array of them).
+    fn cuda_struct(source: &str, name: &str) -> Vec<(String, usize)> {
+        let start = source
+            .find(&format!("struct {name} {{"))
+            .unwrap_or_else(|| panic!("no struct {name}"));
+        let body = &source[start..];
+        let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
+        body.split(';')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                let f = f
+                    .strip_prefix("u64 ")
+                    .unwrap_or_else(|| panic!("{f}: not u64"));
+                match f.split_once('[') {
+                    Some((field, n)) => {
+                        let n = n.trim_end_matches(']').replace("MIRRA_MAX_RANK", "8");
+                        (field.to_string(), n.parse().unwrap())
+                    }
+                    None => (f.to_string(), 1),
+                }
+            })
+            .collect()
+    }
+
+    /// The fields of a Rust struct of u64s and u64 arrays, from its `Debug` of all zeros.
+    fn rust_struct(debug: &str) -> Vec<(String, usize)> {
+        let body = &debug[debug.find('{').unwrap() + 1..debug.rfind('}').unwrap()];
+        let mut fields = Vec::new();
+        let mut rest = body.trim();
+        while let Some((field, after)) = rest.split_once(':') {
+            let after = after.trim_start();
+            let (n, next) = if let Some(array) = after.strip_prefix('[') {
+                let (inside, next) = array.split_once(']').unwrap();
+                (inside.split(',').count(), next)
+            } else {
+                (1, after.split_once(',').map_or("", |(_, n)| n))
+            };
+            fields.push((field.trim().to_string(), n));
+            rest = next.trim_start_matches(',').trim();
+        }
+        fields
+    }
+
+    #[test]
+    fn structs_passed_by_value_have_the_sources_layout() {
+        let window = include_str!("../kernels/window.cu");
+        let geometry = rust_struct(&format!("{:?}", WindowGeometry::default()));
+        assert_eq!(cuda_struct(window, "WindowGeometry"), geometry);
+        let elements: usize = geometry.iter().map(|(_, n)| n).sum();
+        assert_eq!(std::mem::size_of::<WindowGeometry>(), elements * 8);
+        let elementwise = include_str!("../kernels/elementwise.cu");
+        let broadcast = rust_struct(&format!("{:?}", Broadcast::default()));
+        assert_eq!(cuda_struct(elementwise, "Broadcast"), broadcast);
+        // The check can fail: two fields out of order are caught.
+        let swapped = "struct WindowGeometry { u64 output[3]; u64 input[3]; };";
+        assert_ne!(cuda_struct(swapped, "WindowGeometry")[..], geometry[..2]);
+    }
+
     #[test]
     fn a_mismatched_op_code_is_caught() {
         // The check above can fail: a source whose numbers differ is rejected.
