@@ -298,14 +298,20 @@ impl Kernels {
 mod tests {
     use super::*;
 
+    /// What lies between the braces of `head { ... }` (an enum or a struct) in a kernel
+    /// source.
+    fn declaration_body<'s>(source: &'s str, head: &str) -> &'s str {
+        let start = source
+            .find(&format!("{head} {{"))
+            .unwrap_or_else(|| panic!("{head} not in the source"));
+        let body = &source[start..];
+        &body[body.find('{').unwrap() + 1..body.find('}').unwrap()]
+    }
+
     /// `enum <name> { A = 0, ... }` of a kernel source, as (name, value) pairs.
     fn cuda_enum(source: &str, name: &str) -> Vec<(String, i32)> {
-        let start = source
-            .find(&format!("enum {name} {{"))
-            .unwrap_or_else(|| panic!("enum {name} not in the source"));
-        let body = &source[start..];
-        let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
-        body.split(',')
+        declaration_body(source, &format!("enum {name}"))
+            .split(',')
             .filter_map(|item| item.split_once('='))
             .map(|(k, v)| (k.trim().to_string(), v.trim().parse().unwrap()))
             .collect()
@@ -389,12 +395,8 @@ mod tests {
     /// The fields of `struct name` in a CUDA source, each as `(field, elements)`, in order
     /// (every field a u64 or an array of them).
     fn cuda_struct(source: &str, name: &str) -> Vec<(String, usize)> {
-        let start = source
-            .find(&format!("struct {name} {{"))
-            .unwrap_or_else(|| panic!("no struct {name}"));
-        let body = &source[start..];
-        let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
-        body.split(';')
+        declaration_body(source, &format!("struct {name}"))
+            .split(';')
             .map(str::trim)
             .filter(|f| !f.is_empty())
             .map(|f| {
