@@ -5,7 +5,9 @@
 //! One step is what training does with a convolution: the forward pass, then the
 //! gradients of the input and of the kernel (the bias is left out: a sum, not a
 //! convolution). FLOPs counted: `3 · 2 · N · OH · OW · KH · KW · C_in · C_out`, the same
-//! count for both, whatever algorithm each uses.
+//! count for both, whatever algorithm each uses. Each shape in f32 and in bf16 (input
+//! and kernel held in bf16, as a `mixed_bfloat16` layer computes; PyTorch's tensors in
+//! `torch.bfloat16` likewise).
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -107,8 +109,12 @@ impl ConvShape {
     }
 }
 
-/// Seconds of one forward + backward step of `shape` in mirra, as `Conv2D` computes it.
-fn mirra_step_seconds(shape: &ConvShape, plan: Plan) -> Result<(f64, f64), String> {
+/// The dtypes of the rows, as mirra and PyTorch name them.
+const DTYPES: [(DType, &str); 2] = [(DType::F32, "float32"), (DType::BF16, "bfloat16")];
+
+/// Seconds of one forward + backward step of `shape` in `dtype` in mirra, as `Conv2D`
+/// computes it.
+fn mirra_step_seconds(shape: &ConvShape, dtype: DType, plan: Plan) -> Result<(f64, f64), String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let window = shape.window()?;
     let uniform = Initializer::Uniform {
@@ -123,6 +129,7 @@ fn mirra_step_seconds(shape: &ConvShape, plan: Plan) -> Result<(f64, f64), Strin
             Device::Cpu,
             &mut r,
         )
+        .and_then(|t| t.to_dtype(dtype))
         .map_err(|e| err(&e))?;
     let kernel = uniform
         .init(
@@ -131,6 +138,7 @@ fn mirra_step_seconds(shape: &ConvShape, plan: Plan) -> Result<(f64, f64), Strin
             Device::Cpu,
             &mut r,
         )
+        .and_then(|t| t.to_dtype(dtype))
         .map_err(|e| err(&e))?;
     let tape = Tape::new();
     let step = || -> Result<(), String> {
@@ -156,12 +164,12 @@ try:
 except Exception as e:
     print(json.dumps({"error": "torch does not import: %s" % e}), flush=True)
     sys.exit(0)
-threads, shapes = int(sys.argv[1]), json.loads(sys.argv[2])
+threads, shapes, dtype = int(sys.argv[1]), json.loads(sys.argv[2]), getattr(torch, sys.argv[3])
 torch.set_num_threads(threads)
 out = []
 for s in shapes:
-    x = torch.rand(s["batch"], s["c_in"], s["hw"], s["hw"], requires_grad=True)
-    w = torch.rand(s["c_out"], s["c_in"], s["k"], s["k"], requires_grad=True)
+    x = torch.rand(s["batch"], s["c_in"], s["hw"], s["hw"]).to(dtype).requires_grad_()
+    w = torch.rand(s["c_out"], s["c_in"], s["k"], s["k"]).to(dtype).requires_grad_()
     pad = "same" if s["same"] else 0
     def step():
         y = torch.nn.functional.conv2d(x, w, stride=s["stride"], padding=pad)
@@ -185,7 +193,7 @@ for s in shapes:
 print(json.dumps({"torch_version": torch.__version__, "seconds": out}), flush=True)
 "#;
 
-/// The section: per shape, mirra's and PyTorch's GFLOP/s and their ratio.
+/// The section: per shape and dtype, mirra's and PyTorch's GFLOP/s and their ratio.
 pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
     mirra::tensor::set_num_threads(threads);
     let plan = Plan {
@@ -194,61 +202,70 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
         min_repeat: Duration::from_millis(if quick { 100 } else { 300 }),
     };
     let mut rows = Vec::new();
-    let mut ours = Vec::new();
-    let mut patches = Vec::new();
-    for s in &SHAPES {
-        println!("conv: {} (mirra)", s.name);
-        ours.push(mirra_step_seconds(s, plan));
-        // The same step with every convolution through its patches: what the choice of
-        // algorithm is worth, in the same run.
-        set_conv_algorithm(ConvAlgorithm::Im2col);
-        patches.push(mirra_step_seconds(s, plan));
-        set_conv_algorithm(ConvAlgorithm::Auto);
-    }
-    let torch = if no_torch {
-        Err("skipped (--no-torch)".to_string())
-    } else {
-        println!("conv: PyTorch");
-        let shapes: Vec<Value> = SHAPES
-            .iter()
-            .map(|s| {
-                json!({"batch": s.batch, "hw": s.hw, "c_in": s.c_in, "c_out": s.c_out,
-                       "k": s.k, "stride": s.stride, "same": s.same})
+    let mut torch_unavailable = None;
+    for (dtype, name) in DTYPES {
+        let mut ours = Vec::new();
+        let mut patches = Vec::new();
+        for s in &SHAPES {
+            println!("conv: {} {name} (mirra)", s.name);
+            ours.push(mirra_step_seconds(s, dtype, plan));
+            // The same step with every convolution through its patches: what the choice
+            // of algorithm is worth, in the same run.
+            set_conv_algorithm(ConvAlgorithm::Im2col);
+            patches.push(mirra_step_seconds(s, dtype, plan));
+            set_conv_algorithm(ConvAlgorithm::Auto);
+        }
+        let torch = if no_torch {
+            Err("skipped (--no-torch)".to_string())
+        } else {
+            println!("conv: PyTorch {name}");
+            let shapes: Vec<Value> = SHAPES
+                .iter()
+                .map(|s| {
+                    json!({"batch": s.batch, "hw": s.hw, "c_in": s.c_in, "c_out": s.c_out,
+                           "k": s.k, "stride": s.stride, "same": s.same})
+                })
+                .collect();
+            let args: Vec<OsString> = vec![
+                threads.to_string().into(),
+                Value::Array(shapes).to_string().into(),
+                name.into(),
+            ];
+            run_script(SCRIPT, &args, Some(threads)).and_then(|v| match v["seconds"].as_array() {
+                Some(a) => Ok(a.iter().filter_map(Value::as_f64).collect::<Vec<f64>>()),
+                None => Err(v["error"].as_str().unwrap_or("no figures").to_string()),
             })
-            .collect();
-        let args: Vec<OsString> = vec![
-            threads.to_string().into(),
-            Value::Array(shapes).to_string().into(),
-        ];
-        run_script(SCRIPT, &args, Some(threads)).and_then(|v| match v["seconds"].as_array() {
-            Some(a) => Ok(a.iter().filter_map(Value::as_f64).collect::<Vec<f64>>()),
-            None => Err(v["error"].as_str().unwrap_or("no figures").to_string()),
-        })
-    };
-    for (i, ((s, m), p)) in SHAPES.iter().zip(&ours).zip(&patches).enumerate() {
-        let ours = m.as_ref().ok().map(|(t, f)| f / t / 1e9);
-        let im2col = p.as_ref().ok().map(|(t, f)| f / t / 1e9);
-        let theirs = match (&torch, m) {
-            (Ok(t), Ok((_, f))) => t.get(i).map(|t| f / t / 1e9),
-            _ => None,
         };
-        rows.push(json!({
-            "shape": s.name,
-            "mirra_gflops": opt(ours, 1),
-            "mirra_im2col_gflops": opt(im2col, 1),
-            "torch_gflops": opt(theirs, 1),
-            "mirra_over_torch": opt(ours.zip(theirs).map(|(a, b)| a / b), 3),
-            "error": m.as_ref().err(),
-        }));
+        for (i, ((s, m), p)) in SHAPES.iter().zip(&ours).zip(&patches).enumerate() {
+            let ours = m.as_ref().ok().map(|(t, f)| f / t / 1e9);
+            let im2col = p.as_ref().ok().map(|(t, f)| f / t / 1e9);
+            let theirs = match (&torch, m) {
+                (Ok(t), Ok((_, f))) => t.get(i).map(|t| f / t / 1e9),
+                _ => None,
+            };
+            rows.push(json!({
+                "shape": s.name,
+                "dtype": name,
+                "mirra_gflops": opt(ours, 1),
+                "mirra_im2col_gflops": opt(im2col, 1),
+                "torch_gflops": opt(theirs, 1),
+                "mirra_over_torch": opt(ours.zip(theirs).map(|(a, b)| a / b), 3),
+                "error": m.as_ref().err(),
+            }));
+        }
+        if let Err(e) = torch {
+            torch_unavailable.get_or_insert(e);
+        }
     }
     json!({
         "what": "one convolution's forward pass and its input and kernel gradients, batch 128, \
-                 f32, GFLOP/s counted as 6 N OH OW KH KW Cin Cout for both; mirra as Conv2D \
-                 computes it (the algorithm it picks), and through its patches (im2col) for \
-                 comparison",
+                 in f32 and in bf16 (operands held in bf16, f32 sums), GFLOP/s counted as \
+                 6 N OH OW KH KW Cin Cout for both; mirra as Conv2D computes it (the \
+                 algorithm it picks), and through its patches (im2col) for comparison",
         "threads": threads,
+        "bf16_path": mirra::tensor::bf16_matmul_path(),
         "rows": rows,
-        "torch_unavailable": torch.err(),
+        "torch_unavailable": torch_unavailable,
         "flops_per_step": SHAPES.iter().map(|s| s.window().map(|w| num(s.flops(&w), 0)).unwrap_or(Value::Null)).collect::<Vec<_>>(),
     })
 }
@@ -258,13 +275,14 @@ pub fn print(c: &Value) {
     use crate::table::cell;
     println!();
     println!(
-        "{:<30} {:>10} {:>10} {:>10} {:>8}",
-        "conv fwd+bwd (GFLOP/s)", "mirra", "im2col", "PyTorch", "ours/pt"
+        "{:<30} {:>9} {:>10} {:>10} {:>10} {:>8}",
+        "conv fwd+bwd (GFLOP/s)", "dtype", "mirra", "im2col", "PyTorch", "ours/pt"
     );
     for r in c["rows"].as_array().into_iter().flatten() {
         println!(
-            "{:<30} {:>10} {:>10} {:>10} {:>8}",
+            "{:<30} {:>9} {:>10} {:>10} {:>10} {:>8}",
             format!("  {}", r["shape"].as_str().unwrap_or("")),
+            r["dtype"].as_str().unwrap_or(""),
             cell(&r["mirra_gflops"], 1),
             cell(&r["mirra_im2col_gflops"], 1),
             cell(&r["torch_gflops"], 1),

@@ -477,6 +477,14 @@ fn max_pool_kernel<T: FloatElement>(
     c: usize,
 ) -> Result<(Tensor, Tensor)> {
     let positions = window.positions();
+    // A winner is named by its offset from the window's first tap, in 32 bits.
+    if window.input_positions() * c > u32::MAX as usize {
+        return Err(TensorError::Invalid {
+            op: "max_pool",
+            msg: format!("an image of more than {} elements", u32::MAX),
+            shape: *x.shape(),
+        });
+    }
     let src = x.as_slice::<T>()?;
     let mut winners = Buffer::alloc(crate::DType::I64, n * positions * c, x.device())?;
     let mut values = Buffer::alloc(T::DTYPE, n * positions * c, x.device())?;
@@ -543,28 +551,35 @@ fn pool_rows<T: FloatElement>(
         for (b, t) in best.iter_mut().zip(&src[base..base + c]) {
             *b = t.to_acc();
         }
+        // The winners' taps as offsets from the first tap's element, so that the flat
+        // index is a sum, not a lookup per channel.
         from.fill(0);
-        for (k, &base) in rest.iter().enumerate() {
-            fold_max(&mut best, &mut from, &src[base..base + c], k as u32 + 1);
+        for &tap in rest {
+            fold_max(
+                &mut best,
+                &mut from,
+                &src[tap..tap + c],
+                (tap - base) as u32,
+            );
         }
-        for (ch, ((v, o), (&b, &k))) in values
+        for (ch, ((v, o), (&b, &off))) in values
             .iter_mut()
             .zip(out)
             .zip(best.iter().zip(&from))
             .enumerate()
         {
             *v = T::from_acc(b);
-            *o = (bases[k as usize] + ch) as i64;
+            *o = (base + ch) as i64 + i64::from(off);
         }
         walk.advance(&mut at);
     }
     true
 }
 
-/// Folds tap `k`'s channels into the running maxima `best` and the taps `from` they
-/// came from: larger wins; a NaN wins unless a NaN already did (NaN alone is unequal to
-/// itself); the first of equal maxima stays. Selects on values and tap numbers of one
-/// width, not branches, so that the loop vectorises.
+/// Folds a tap's channels into the running maxima `best` and the taps `from` they came
+/// from (`k` names the tap): larger wins; a NaN wins unless a NaN already did (NaN alone
+/// is unequal to itself); the first of equal maxima stays. Selects on values and tap
+/// names of one width, not branches, so that the loop vectorises.
 #[inline(always)]
 fn fold_max<T: FloatElement>(best: &mut [T::Acc], from: &mut [u32], tap: &[T], k: u32) {
     for ((b, f), t) in best.iter_mut().zip(from.iter_mut()).zip(tap) {

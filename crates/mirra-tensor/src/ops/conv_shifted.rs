@@ -26,11 +26,13 @@
 
 use mirra_device::{vectorize, Buffer, Device, Element};
 
+#[cfg(target_arch = "x86_64")]
+use super::shifted_operands::{NativeProducts, Products, Reduction};
 use crate::threads::for_each_split;
 use crate::{Result, Window, MAX_SPATIAL};
 
-/// The element types of this path: those gemm multiplies whose arithmetic is their own
-/// (f32, f64).
+/// The element types of the gemm path: those gemm multiplies whose arithmetic is their
+/// own (f32, f64). bf16 runs on the CPU's own kernels only ([`Grid::run_bf16`]).
 pub(super) trait Float: Element + std::ops::Add<Output = Self> {}
 impl Float for f32 {}
 impl Float for f64 {}
@@ -41,7 +43,7 @@ const CHUNK_ELEMS: usize = 1 << 16;
 
 /// Runs of positions (their grid starts and first rows) and the output rows they fill.
 #[cfg(target_arch = "x86_64")]
-type RunsInto<'a> = (&'a [(usize, usize)], &'a mut [f32]);
+type RunsInto<'a, E> = (&'a [(usize, usize)], &'a mut [E]);
 
 /// What [`Grid::run`] computes, and from what.
 #[derive(Clone, Copy, Debug)]
@@ -131,9 +133,15 @@ impl Grid {
     pub(super) fn runs_native(&self, dtype: mirra_device::DType, pass: Pass) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            dtype == mirra_device::DType::F32
-                && super::shifted_avx512::available()
-                && super::shifted_avx512::takes(self.native_width(pass))
+            let cpu = match dtype {
+                mirra_device::DType::F32 => super::shifted_avx512::available(),
+                // Where bf16 products run on 16-bit units at all (not `MIRRA_BF16_MATMUL=f32`).
+                mirra_device::DType::BF16 => {
+                    super::shifted_avx512_bf16::available() && super::bf16_gemm::native().is_some()
+                }
+                _ => false,
+            };
+            cpu && super::shifted_avx512::takes(self.native_width(pass))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
@@ -197,7 +205,7 @@ impl Grid {
     /// `src`, `n` blocks of `size` positions of `ch` elements, written into `grid` (whole
     /// images of the grid, `ch` elements a position) at offset `at` of each image, zeros
     /// around.
-    fn scatter<T: Float>(
+    fn scatter<T: Element>(
         &self,
         src: &[T],
         size: [usize; 3],
@@ -224,7 +232,7 @@ impl Grid {
 
     /// The inverse of [`scatter`](Grid::scatter): the `size` positions at `at` of each
     /// image of `grid` into `dst`.
-    fn gather<T: Float>(
+    fn gather<T: Element>(
         &self,
         grid: &[T],
         size: [usize; 3],
@@ -250,7 +258,7 @@ impl Grid {
 
     /// The input `x` (`[n, d1, d2, d3, c]`, contiguous) on the grid, with `reach` zero rows
     /// after it (what the last rows' taps read).
-    pub(super) fn padded_input<T: Float>(&self, x: &[T]) -> Result<Buffer> {
+    pub(super) fn padded_input<T: Element>(&self, x: &[T]) -> Result<Buffer> {
         let body = self.rows() * self.c;
         let mut buf = Buffer::alloc(T::DTYPE, body + self.reach() * self.c, Device::Cpu)?;
         let padded = buf.as_mut_slice::<T>()?;
@@ -261,7 +269,7 @@ impl Grid {
 
     /// The output gradient `dy` (`[n, o1, o2, o3, f]`) on the grid after `reach` zero rows,
     /// zeros where the grid has no output.
-    fn padded_grad<T: Float>(&self, dy: &[T]) -> Result<Buffer> {
+    fn padded_grad<T: Element>(&self, dy: &[T]) -> Result<Buffer> {
         let lead = self.reach() * self.f;
         let mut buf = Buffer::alloc(T::DTYPE, lead + self.rows() * self.f, Device::Cpu)?;
         let grid = buf.as_mut_slice::<T>()?;
@@ -335,47 +343,112 @@ impl Grid {
         (CHUNK_ELEMS / (len * width).max(1)).max(1)
     }
 
+    /// The tap pairs' grid offsets, in kernel order.
+    fn offsets(&self) -> Vec<usize> {
+        self.tap_pairs().map(|(_, offset)| offset).collect()
+    }
+
     /// [`shifted_products`](Grid::shifted_products) on this CPU's own kernels, for the
     /// positions of `size` at `i · step + at` only (no grid positions outside them): `dst`
-    /// is `[n, size.., dst_ch]`.
+    /// is `[n, size.., dst_ch]`, filled run by run by `rows(grid start, run's rows)`, each
+    /// output element costing `inner` multiply-adds per tap pair.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
-    fn native_products(
+    fn native_products<E: Send>(
         &self,
-        src: &[f32],
         src_ch: usize,
-        weights: &[f32],
-        dst: &mut [f32],
+        inner: usize,
+        dst: &mut [E],
         dst_ch: usize,
         size: [usize; 3],
         (at, step): ([usize; 3], [usize; 3]),
+        rows: impl Fn(usize, &mut [E]) + Sync,
     ) {
         let len = size[2];
         let runs = self.run_starts(size, at, step);
         let per = self.runs_per_chunk(len, dst_ch.max(src_ch));
-        let offsets: Vec<usize> = self.tap_pairs().map(|(_, offset)| offset).collect();
+        let work = dst.len() * inner * self.kernel[0] * self.kernel[1];
+        let chunks: Vec<RunsInto<'_, E>> = runs
+            .chunks(per)
+            .zip(dst.chunks_mut(per * len * dst_ch))
+            .collect();
+        for_each_split(chunks, work, &|(runs, out): RunsInto<'_, E>| {
+            mirra_device::denormals::ensure_this_thread();
+            for (&(start, _), out) in runs.iter().zip(out.chunks_mut(len * dst_ch)) {
+                rows(start, out);
+            }
+        });
+    }
+
+    /// [`native_products`](Grid::native_products) on the kernels of `E` (f32, or bf16
+    /// as its bits): `src` (`src_ch` a position) times `weights` (`[k1 · k2][k3 ·
+    /// src_ch][dst_ch]`).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn native_products_of<E: NativeProducts + Send + Sync>(
+        &self,
+        src: &[E],
+        src_ch: usize,
+        weights: &[E],
+        dst: &mut [E],
+        dst_ch: usize,
+        size: [usize; 3],
+        (at, step): ([usize; 3], [usize; 3]),
+    ) where
+        E::Weight: Sync,
+    {
+        let offsets = self.offsets();
         let inner = self.kernel[2] * src_ch;
-        let products = super::shifted_avx512::Products {
+        let (weights, weight_rows) = E::lay_out(weights, offsets.len(), inner, dst_ch);
+        let products = Products {
             src,
             channels: src_ch,
             step: step[2],
             inner,
             offsets: &offsets,
-            weights,
+            weights: &weights,
+            weight_rows,
             n: dst_ch,
         };
-        let work = dst.len() * inner * offsets.len();
-        let chunks: Vec<RunsInto<'_>> = runs
-            .chunks(per)
-            .zip(dst.chunks_mut(per * len * dst_ch))
-            .collect();
-        for_each_split(chunks, work, &|(runs, out): (
-            &[(usize, usize)],
-            &mut [f32],
-        )| {
-            mirra_device::denormals::ensure_this_thread();
-            for (&(start, _), out) in runs.iter().zip(out.chunks_mut(len * dst_ch)) {
-                products.rows(start, out);
+        self.native_products(src_ch, inner, dst, dst_ch, size, (at, step), |g, out| {
+            E::rows(&products, g, out)
+        });
+    }
+
+    /// The kernel gradient on the CPU's own kernels, into f32 `dk` (`[k.., c, f]`):
+    /// runs of output positions in fixed chunks, each chunk's [`Reduction`] of every tap
+    /// pair computed by `block(pair's grid offset, reduction, pair's block of dk)`, the
+    /// chunks' partial sums added in order.
+    #[cfg(target_arch = "x86_64")]
+    fn native_kernel_grad<S: Sync, D: Sync>(
+        &self,
+        src: &[S],
+        dy: &[D],
+        dk: &mut [f32],
+        block: impl Fn(usize, &Reduction<'_, S, D>, &mut [f32]) + Sync,
+    ) {
+        let runs = self.run_starts(self.output, [0; 3], self.stride);
+        let len = self.output[2];
+        let per = self.runs_per_chunk(len, self.c.max(self.f));
+        let size = self.kernel[2] * self.c * self.f;
+        let work = self.n * self.output.iter().product::<usize>() * dk.len();
+        self.sum_chunks(dk, runs.chunks(per).collect(), work, |runs, part| {
+            for (pair, offset) in self.tap_pairs() {
+                let reduction = Reduction {
+                    src: &src[offset * self.c..],
+                    channels: self.c,
+                    step: self.stride[2],
+                    inner: self.kernel[2] * self.c,
+                    dy,
+                    n: self.f,
+                    runs,
+                    len,
+                };
+                block(
+                    offset,
+                    &reduction,
+                    &mut part[pair * size..(pair + 1) * size],
+                );
             }
         });
     }
@@ -389,13 +462,63 @@ impl Grid {
         }
     }
 
+    /// `pass` on bf16 operands (their bits) into `out`, on `vdpbf16ps`: the shapes of
+    /// [`run`](Grid::run), sums in f32, each output rounded once. Only where
+    /// [`runs_native`](Grid::runs_native) says bf16 runs natively (gemm has no bf16).
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn run_bf16(&self, pass: Pass, a: &[u16], b: &[u16], out: &mut [u16]) -> Result<()> {
+        assert!(
+            self.runs_native(mirra_device::DType::BF16, pass),
+            "bf16 shifted products run on AVX-512 BF16 only"
+        );
+        match pass {
+            Pass::Forward => self.native_products_of(
+                a,
+                self.c,
+                b,
+                out,
+                self.f,
+                self.output,
+                ([0; 3], self.stride),
+            ),
+            Pass::InputGrad => {
+                let grad = self.padded_grad(bytemuck::cast_slice::<u16, half::bf16>(a))?;
+                let src: &[u16] = bytemuck::cast_slice(grad.as_slice::<half::bf16>()?);
+                let flipped = self.flipped(b);
+                self.native_products_of(
+                    src,
+                    self.f,
+                    &flipped,
+                    out,
+                    self.c,
+                    self.input,
+                    (self.pad, [1; 3]),
+                );
+            }
+            Pass::KernelGrad => {
+                use super::shifted_avx512_bf16::{pack_runs, pack_steps};
+                let (src, len) = (a, self.output[2]);
+                let dy = pack_runs(b, len, self.f);
+                let paired = pack_steps(src, self.stride[2] * self.c);
+                let mut sums = vec![0f32; out.len()];
+                self.native_kernel_grad(src, &dy, &mut sums, |offset, reduction, block| {
+                    reduction.block(&paired[offset * self.c..], block)
+                });
+                for (o, s) in out.iter_mut().zip(&sums) {
+                    *o = half::bf16::from_f32(*s).to_bits();
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The forward pass: `x` (`[n, d.., c]`) with `kernel` (`[k.., c, f]`) into `y`
     /// (`[n, o.., f]`).
     fn forward<T: Float>(&self, padded: &[T], kernel: &[T], y: &mut [T]) -> Result<()> {
         let src = padded;
         #[cfg(target_arch = "x86_64")]
         if let Some((src, kernel, y)) = native(src, kernel, y, self.native_width(Pass::Forward)) {
-            self.native_products(
+            self.native_products_of(
                 src,
                 self.c,
                 kernel,
@@ -414,6 +537,24 @@ impl Grid {
         Ok(())
     }
 
+    /// `kernel` (`[k.., c, f]`) as the input gradient's weights: `flipped[u][f][c] =
+    /// kernel[taps - 1 - u][c][f]`, tap order reversed in every dimension at once, each
+    /// tap's matrix transposed.
+    fn flipped<T: Copy + Default>(&self, kernel: &[T]) -> Vec<T> {
+        let (c, f) = (self.c, self.f);
+        let taps = self.kernel.iter().product::<usize>();
+        let mut flipped = vec![T::default(); taps * c * f];
+        for (u, block) in flipped.chunks_exact_mut((c * f).max(1)).enumerate() {
+            let t = &kernel[(taps - 1 - u) * c * f..(taps - u) * c * f];
+            for (fi, row) in block.chunks_exact_mut(c.max(1)).enumerate() {
+                for (ci, v) in row.iter_mut().enumerate() {
+                    *v = t[ci * f + fi];
+                }
+            }
+        }
+        flipped
+    }
+
     /// The input gradient: `dy` (`[n, o.., f]`) through `kernel` (`[k.., c, f]`) into
     /// `dx` (`[n, d.., c]`).
     fn input_grad<T: Float>(&self, dy: &[T], kernel: &[T], dx: &mut [T]) -> Result<()> {
@@ -421,26 +562,15 @@ impl Grid {
             self.unit_stride(),
             "the shifted input gradient takes stride 1"
         );
-        let (c, f, k) = (self.c, self.f, self.kernel);
-        let taps = k.iter().product::<usize>();
-        // flipped[u][f][c] = kernel[taps - 1 - u][c][f]: tap order reversed in every
-        // dimension at once, each tap's matrix transposed.
-        let mut flipped = vec![T::default(); taps * c * f];
-        for (u, block) in flipped.chunks_exact_mut(c * f).enumerate() {
-            let t = &kernel[(taps - 1 - u) * c * f..(taps - u) * c * f];
-            for (fi, row) in block.chunks_exact_mut(c).enumerate() {
-                for (ci, v) in row.iter_mut().enumerate() {
-                    *v = t[ci * f + fi];
-                }
-            }
-        }
+        let (c, f) = (self.c, self.f);
+        let flipped = self.flipped(kernel);
         let grad = self.padded_grad(dy)?;
         let src = grad.as_slice::<T>()?;
         #[cfg(target_arch = "x86_64")]
         if let Some((src, flipped, dx)) =
             native(src, &flipped, dx, self.native_width(Pass::InputGrad))
         {
-            self.native_products(src, f, flipped, dx, c, self.input, (self.pad, [1; 3]));
+            self.native_products_of(src, f, flipped, dx, c, self.input, (self.pad, [1; 3]));
             return Ok(());
         }
         let mut out = Buffer::alloc(T::DTYPE, self.rows() * c, Device::Cpu)?;
@@ -457,25 +587,7 @@ impl Grid {
         let block = self.kernel[2] * self.c * self.f;
         #[cfg(target_arch = "x86_64")]
         if let Some((src, dy, dk)) = native(src, dy, dk, self.native_width(Pass::KernelGrad)) {
-            let runs = self.run_starts(self.output, [0; 3], self.stride);
-            let len = self.output[2];
-            let per = self.runs_per_chunk(len, self.c.max(self.f));
-            let work = self.n * self.output.iter().product::<usize>() * dk.len();
-            self.sum_chunks(dk, runs.chunks(per).collect(), work, |runs, part| {
-                for (pair, offset) in self.tap_pairs() {
-                    let reduction = super::shifted_avx512::Reduction {
-                        src: &src[offset * self.c..],
-                        channels: self.c,
-                        step: self.stride[2],
-                        inner: self.kernel[2] * self.c,
-                        dy,
-                        n: self.f,
-                        runs,
-                        len,
-                    };
-                    reduction.block(&mut part[pair * block..(pair + 1) * block]);
-                }
-            });
+            self.native_kernel_grad(src, dy, dk, |_, reduction, block| reduction.block(block));
             return Ok(());
         }
         assert!(self.unit_stride(), "gemm's shifted products take stride 1");

@@ -6,10 +6,13 @@
 //!   times the input's size, written and read back: for a 3x3 window over few channels
 //!   that copying costs as much as the product.
 //! - `shifted`: stride 1 and dilation 1 only, f32 and f64 on the host: products of shifted
-//!   views of the padded input, no patches (`conv_shifted`). It computes the positions of
-//!   the padded grid the output lacks and drops them, so it pays off when those are few
-//!   and each product's inner dimension (`k_last · channels`) is wide enough to run at
-//!   speed.
+//!   views of the padded input, no patches (`conv_shifted`). Through gemm it computes the
+//!   positions of the padded grid the output lacks and drops them, so it pays off when
+//!   those are few and each product's inner dimension (`k_last · channels`) is wide
+//!   enough to run at speed; on the CPU's own kernels (f32 on AVX-512, bf16 on AVX-512
+//!   BF16, any stride for the output and the kernel gradient) it computes the kept
+//!   positions only and always wins. bf16 takes this path only on those kernels, and not
+//!   under the bf16 accumulation ablation (a product of patches).
 //!
 //! `Auto` picks by those two figures; [`set_conv_algorithm`] (or
 //! `MIRRA_CONV_ALGORITHM=im2col|shifted|auto`) forces one, for tests and benchmarks. A
@@ -32,7 +35,7 @@ pub enum ConvAlgorithm {
     /// The patches times the kernel.
     Im2col,
     /// Products of shifted views of the padded input (stride 1, dilation 1, f32/f64 on
-    /// the host; `Im2col` elsewhere).
+    /// the host, bf16 on AVX-512 BF16; `Im2col` elsewhere).
     Shifted,
 }
 
@@ -94,11 +97,16 @@ fn shifted(
     host: bool,
     pass: Pass,
 ) -> Option<Grid> {
-    if !host || !matches!(dtype, DType::F32 | DType::F64) {
+    if !host || !matches!(dtype, DType::F32 | DType::F64 | DType::BF16) {
         return None;
     }
     let grid = Grid::new(window, n, c, f)?;
     let native = grid.runs_native(dtype, pass);
+    // bf16 runs on the CPU's own kernels only (gemm has no bf16), and not under the
+    // ablation that keeps bf16 running sums: that one is a product of patches.
+    if dtype == DType::BF16 && (!native || super::bf16_accumulation::bf16_accumulation_ablation()) {
+        return None;
+    }
     // Other strides run on the CPU's own kernels only, and not for the input gradient
     // (a transposed convolution: each input position gathers from a stride's phase).
     if !grid.unit_stride() && (!native || matches!(pass, Pass::InputGrad)) {
@@ -163,27 +171,33 @@ fn on_host(tensors: &[&Tensor]) -> bool {
     tensors.iter().all(|t| t.device().is_cpu())
 }
 
-/// `x` zero-padded on the shifted algorithm's grid (f32 or f64 on the host).
+/// `x` zero-padded on the shifted algorithm's grid (f32, f64 or bf16 on the host).
 fn padded_input(grid: &Grid, x: &Tensor) -> Result<Tensor> {
     let x = x.contiguous()?;
-    let padded = if x.dtype() == DType::F64 {
-        grid.padded_input::<f64>(x.as_slice()?)?
-    } else {
-        grid.padded_input::<f32>(x.as_slice()?)?
+    let padded = match x.dtype() {
+        DType::F64 => grid.padded_input::<f64>(x.as_slice()?)?,
+        DType::BF16 => grid.padded_input::<half::bf16>(x.as_slice()?)?,
+        _ => grid.padded_input::<f32>(x.as_slice()?)?,
     };
     let len = padded.len();
     Tensor::from_buffer(padded, &[len])
 }
 
-/// `pass` of the shifted algorithm on `a` and `b` (made contiguous, f32 or f64 on the
-/// host) into a new tensor of `dims`.
+/// `pass` of the shifted algorithm on `a` and `b` (made contiguous, f32, f64 or bf16 on
+/// the host) into a new tensor of `dims`.
 fn shifted_pass(grid: &Grid, pass: Pass, a: &Tensor, b: &Tensor, dims: &[usize]) -> Result<Tensor> {
     let (a, b) = (a.contiguous()?, b.contiguous()?);
     let mut out = Buffer::alloc(a.dtype(), dims.iter().product(), a.device())?;
-    if a.dtype() == DType::F64 {
-        grid.run::<f64>(pass, a.as_slice()?, b.as_slice()?, out.as_mut_slice()?)?;
-    } else {
-        grid.run::<f32>(pass, a.as_slice()?, b.as_slice()?, out.as_mut_slice()?)?;
+    match a.dtype() {
+        DType::F64 => grid.run::<f64>(pass, a.as_slice()?, b.as_slice()?, out.as_mut_slice()?)?,
+        #[cfg(target_arch = "x86_64")]
+        DType::BF16 => grid.run_bf16(
+            pass,
+            bytemuck::cast_slice(a.as_slice::<half::bf16>()?),
+            bytemuck::cast_slice(b.as_slice::<half::bf16>()?),
+            bytemuck::cast_slice_mut(out.as_mut_slice::<half::bf16>()?),
+        )?,
+        _ => grid.run::<f32>(pass, a.as_slice()?, b.as_slice()?, out.as_mut_slice()?)?,
     }
     Tensor::from_buffer(out, dims)
 }
@@ -465,6 +479,28 @@ mod tests {
     /// the tap-by-tap sums to f32's rounding.
     #[test]
     fn shifted_f32_matches_the_definition_at_every_width() {
+        shifted_matches_the_definition_at_every_width(DType::F32);
+    }
+
+    /// In bf16 the shifted algorithm runs on `vdpbf16ps` where the CPU has it (16 to 64
+    /// channels or filters; odd inner sizes and run lengths) and im2col elsewhere; both
+    /// give the tap-by-tap sums of the bf16 operands to f32's rounding and one bf16
+    /// rounding of the result.
+    #[test]
+    fn shifted_bf16_matches_the_definition_at_every_width() {
+        shifted_matches_the_definition_at_every_width(DType::BF16);
+    }
+
+    /// The widths, strides and paddings of the two tests above, in `dtype`.
+    fn shifted_matches_the_definition_at_every_width(dtype: DType) {
+        let native = Grid::new(
+            &Window::new(&[4, 4], &[3, 3], &[1, 1], &[1, 1], Padding::Same).unwrap(),
+            1,
+            16,
+            16,
+        )
+        .unwrap()
+        .runs_native(dtype, Pass::Forward);
         // 28x29 over 6 images: more grid rows than one chunk, so a chunk ends in a block of
         // rows whose outputs are kept.
         // Strides of 2 (the forward pass and the kernel gradient) and a valid window that
@@ -488,17 +524,29 @@ mod tests {
             (6, 80, 8, 1, unit, Padding::Same),
         ] {
             let window = Window::new(&[size, size + 1], &[3, 2], &stride, &unit, padding).unwrap();
-            let x = values(n * size * (size + 1) * c, 4);
-            let k = values(window.taps() * c * f, 5);
-            let dy = values(n * window.positions() * f, 6);
-            let expected = reference(&window, &x, &k, &dy, [n, c, f]);
-            let f32s = |v: &[f64], dims: &[usize]| {
-                let v: Vec<f32> = v.iter().map(|&v| v as f32).collect();
-                Tensor::from_slice(&v, dims, Device::Cpu).unwrap()
+            // The operands as `dtype` holds them, and the sums of those values.
+            let rounded = |v: Vec<f64>| -> Vec<f64> {
+                let t = Tensor::from_slice(&v, &[v.len()], Device::Cpu).unwrap();
+                t.to_dtype(dtype)
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec::<f64>()
+                    .unwrap()
             };
-            let xt = f32s(&x, &[n, size, size + 1, c]);
-            let kt = f32s(&k, &[3, 2, c, f]);
-            let dyt = f32s(&dy, &Window::dims(n, window.output(), f));
+            let x = rounded(values(n * size * (size + 1) * c, 4));
+            let k = rounded(values(window.taps() * c * f, 5));
+            let dy = rounded(values(n * window.positions() * f, 6));
+            let expected = reference(&window, &x, &k, &dy, [n, c, f]);
+            let tensor = |v: &[f64], dims: &[usize]| {
+                Tensor::from_slice(v, dims, Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let xt = tensor(&x, &[n, size, size + 1, c]);
+            let kt = tensor(&k, &[3, 2, c, f]);
+            let dyt = tensor(&dy, &Window::dims(n, window.output(), f));
             set_conv_algorithm(ConvAlgorithm::Shifted);
             let (y, saved) = xt.conv(&kt, &window).unwrap();
             let got = [
@@ -507,19 +555,39 @@ mod tests {
                 xt.conv_kernel_grad(&dyt, &window, &saved).unwrap(),
             ];
             set_conv_algorithm(ConvAlgorithm::Auto);
-            assert!(
+            let native_forward = native && f % 16 == 0;
+            assert_eq!(
                 matches!(saved.0, Saved::PaddedInput(_)),
-                "the shifted algorithm ran"
+                dtype == DType::F32 || native_forward,
+                "the shifted algorithm ran in f32, and in bf16 where the CPU has its kernel"
             );
+            // One rounding of the result to `dtype` (half a unit: 2^-8 of it in bf16) on
+            // the native kernels; im2col's bf16 input gradient also rounds each tap's
+            // part before col2im sums them: half a unit of the sum of magnitudes more.
+            let half_unit = if dtype == DType::BF16 {
+                2f64.powi(-8)
+            } else {
+                0.0
+            };
+            let abs = |v: &[f64]| v.iter().map(|v| v.abs()).collect::<Vec<f64>>();
+            let magnitudes = reference(&window, &abs(&x), &abs(&k), &abs(&dy), [n, c, f]);
+            let native_pass = [
+                native_forward,
+                native && c % 16 == 0 && stride == unit,
+                native_forward,
+            ];
             let terms = [window.taps() * c, window.taps() * f, n * window.positions()];
-            for ((got, want), terms) in got.iter().zip(&expected).zip(terms) {
-                let got = got.to_vec::<f32>().unwrap();
+            for (p, (got, want)) in got.iter().zip(&expected).enumerate() {
+                assert_eq!(got.dtype(), dtype);
+                let got = got.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
                 assert_eq!(got.len(), want.len());
-                for (a, b) in got.iter().zip(want) {
-                    let tolerance = 1e-6 * terms as f64 * (1.0 + b.abs());
+                let terms = terms[p];
+                for ((a, b), m) in got.iter().zip(want).zip(&magnitudes[p]) {
+                    let rounded = if native_pass[p] { b.abs() } else { m + b.abs() };
+                    let tolerance = 1e-6 * terms as f64 * (1.0 + b.abs()) + half_unit * rounded;
                     assert!(
-                        (f64::from(*a) - b).abs() <= tolerance,
-                        "{c} -> {f}, {terms} terms: {a} against {b}"
+                        (a - b).abs() <= tolerance,
+                        "{dtype:?} {c} -> {f}, {terms} terms: {a} against {b}"
                     );
                 }
             }
@@ -527,14 +595,24 @@ mod tests {
     }
 
     /// The shifted algorithm's bits do not depend on the thread count: its chunks are
-    /// fixed, and the kernel gradient sums them in order.
+    /// fixed, and the kernel gradient sums them in order (f32, and bf16 where the CPU has
+    /// its kernel).
     #[test]
     fn shifted_results_keep_their_bits_for_any_thread_count() {
+        for dtype in [DType::F32, DType::BF16] {
+            shifted_results_keep_their_bits(dtype);
+        }
+    }
+
+    fn shifted_results_keep_their_bits(dtype: DType) {
         let window = Window::new(&[28, 28], &[3, 3], &[1, 1], &[1, 1], Padding::Same).unwrap();
         let (n, c, f) = (8, 16, 16);
         let tensor = |len: usize, seed: u64, dims: &[usize]| {
             let v: Vec<f32> = values(len, seed).into_iter().map(|v| v as f32).collect();
-            Tensor::from_slice(&v, dims, Device::Cpu).unwrap()
+            Tensor::from_slice(&v, dims, Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
         };
         let x = tensor(n * 784 * c, 1, &[n, 28, 28, c]);
         let k = tensor(9 * c * f, 2, &[3, 3, c, f]);
@@ -546,14 +624,21 @@ mod tests {
                     crate::set_num_threads(threads);
                     set_conv_algorithm(ConvAlgorithm::Shifted);
                     let (y, saved) = x.conv(&k, &window).unwrap();
-                    assert!(
+                    let native = dtype == DType::F32
+                        || Grid::new(&window, n, c, f)
+                            .unwrap()
+                            .runs_native(dtype, Pass::Forward);
+                    assert_eq!(
                         matches!(saved.0, Saved::PaddedInput(_)),
+                        native,
                         "the shifted algorithm ran"
                     );
                     let dx = dy.conv_input_grad(&k, &window).unwrap();
                     let dk = x.conv_kernel_grad(&dy, &window, &saved).unwrap();
                     [y, dx, dk].map(|t| {
-                        t.to_vec::<f32>()
+                        t.to_dtype(DType::F32)
+                            .unwrap()
+                            .to_vec::<f32>()
                             .unwrap()
                             .iter()
                             .map(|v| v.to_bits())

@@ -21,6 +21,10 @@ mod reduce;
 mod shape_ops;
 #[cfg(target_arch = "x86_64")]
 mod shifted_avx512;
+#[cfg(target_arch = "x86_64")]
+mod shifted_avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+mod shifted_operands;
 mod softmax;
 
 pub use bf16_accumulation::{bf16_accumulation_ablation, set_bf16_accumulation_ablation};

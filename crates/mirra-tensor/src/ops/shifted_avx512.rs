@@ -16,6 +16,8 @@ use std::arch::x86_64::{
     __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
 };
 
+use super::shifted_operands::{row_blocks, NativeProducts, Products, Reduction};
+
 /// Whether this CPU runs these kernels (checked once).
 pub(super) fn available() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -31,36 +33,33 @@ pub(super) fn takes(n: usize) -> bool {
 /// The widest group of columns a kernel holds in registers.
 const GROUP: usize = 64;
 
-/// A sum of shifted products over runs of grid positions `step` apart: output row `r` of
-/// a run starting at grid row `g` is `Σ_p Σ_i src[(g + r · step + offsets[p]) · channels +
-/// i] · weights[p][i][..]` for `i < inner`, `weights` one `[inner, n]` block per offset.
-pub(super) struct Products<'a> {
-    pub src: &'a [f32],
-    pub channels: usize,
-    pub step: usize,
-    pub inner: usize,
-    pub offsets: &'a [usize],
-    pub weights: &'a [f32],
-    pub n: usize,
+impl NativeProducts for f32 {
+    type Weight = f32;
+
+    fn lay_out(
+        weights: &[f32],
+        _: usize,
+        inner: usize,
+        _: usize,
+    ) -> (std::borrow::Cow<'_, [f32]>, usize) {
+        (std::borrow::Cow::Borrowed(weights), inner)
+    }
+
+    fn rows(products: &Products<'_, f32, f32>, first: usize, dst: &mut [f32]) {
+        products.rows(first, dst);
+    }
 }
 
-impl Products<'_> {
+impl Products<'_, f32, f32> {
     /// The output rows of the run starting at grid row `first`, `dst.len() / n` of them,
     /// into `dst` (row-major, `n` wide).
     pub(super) fn rows(&self, first: usize, dst: &mut [f32]) {
         let (n, m) = (self.n, dst.len() / self.n.max(1));
         assert!(
-            available() && takes(n),
+            available() && takes(n) && self.weight_rows == self.inner,
             "the AVX-512 products run on AVX-512, whole vectors wide"
         );
-        let reach = self.offsets.iter().copied().max().unwrap_or(0);
-        assert!(
-            m == 0
-                || ((first + (m - 1) * self.step + reach) * self.channels + self.inner
-                    <= self.src.len()
-                    && self.weights.len() >= self.offsets.len() * self.inner * n),
-            "shifted products read past their operands"
-        );
+        self.check(first, m);
         for col in (0..n).step_by(GROUP) {
             // SAFETY: AVX-512F is present (asserted); every row block reads source rows
             // up to first + (m - 1) step + reach, inside `src` by the assertion, weights
@@ -77,8 +76,7 @@ impl Products<'_> {
         }
     }
 
-    /// Blocks of `R` rows, then what is left in blocks of 4, then 2 and 1 (a run of
-    /// 7 positions is not a multiple of 6).
+    /// The run's rows in blocks of `R`, then of 4, 2 and 1 ([`row_blocks`]).
     #[target_feature(enable = "avx512f")]
     unsafe fn blocks<const R: usize, const NV: usize>(
         &self,
@@ -86,32 +84,17 @@ impl Products<'_> {
         dst: &mut [f32],
         col: usize,
     ) {
-        let m = dst.len() / self.n;
-        let mut r = 0;
-        while r < m {
-            let at = dst[r * self.n + col..].as_mut_ptr();
-            // SAFETY: the caller's bounds; each block's rows r .. r + taken lie below m.
-            let taken = unsafe {
-                match m - r {
-                    left if left >= R => {
-                        self.block::<R, NV>(first + r * self.step, at, col);
-                        R
-                    }
-                    left if left >= 4 => {
-                        self.block::<4, NV>(first + r * self.step, at, col);
-                        4
-                    }
-                    left if left >= 2 => {
-                        self.block::<2, NV>(first + r * self.step, at, col);
-                        2
-                    }
-                    _ => {
-                        self.block::<1, NV>(first + r * self.step, at, col);
-                        1
-                    }
+        for (r, rows) in row_blocks(dst.len() / self.n, R) {
+            let (g, at) = (first + r * self.step, dst[r * self.n + col..].as_mut_ptr());
+            // SAFETY: the caller's bounds; the block's rows lie below m.
+            unsafe {
+                match rows {
+                    4 => self.block::<4, NV>(g, at, col),
+                    2 => self.block::<2, NV>(g, at, col),
+                    1 => self.block::<1, NV>(g, at, col),
+                    _ => self.block::<R, NV>(g, at, col),
                 }
-            };
-            r += taken;
+            }
         }
     }
 
@@ -146,21 +129,7 @@ impl Products<'_> {
     }
 }
 
-/// A kernel gradient's products for one tap pair: `dk[i][..] = Σ_(start, row) Σ_t<len
-/// src[(start + t · step) · channels + i] · dy[row + t][..]` for `i < inner`, over `runs`
-/// of `len` positions, in order (`src` begins at the pair's offset).
-pub(super) struct Reduction<'a> {
-    pub src: &'a [f32],
-    pub channels: usize,
-    pub step: usize,
-    pub inner: usize,
-    pub dy: &'a [f32],
-    pub n: usize,
-    pub runs: &'a [(usize, usize)],
-    pub len: usize,
-}
-
-impl Reduction<'_> {
+impl Reduction<'_, f32, f32> {
     /// The block into `dk` (`inner x n`, row-major).
     pub(super) fn block(&self, dk: &mut [f32]) {
         let n = self.n;
@@ -168,16 +137,7 @@ impl Reduction<'_> {
             available() && takes(n),
             "the AVX-512 products run on AVX-512, whole vectors wide"
         );
-        let inside = self.runs.iter().all(|&(start, row)| {
-            self.len == 0
-                || ((start + (self.len - 1) * self.step) * self.channels + self.inner
-                    <= self.src.len()
-                    && (row + self.len) * n <= self.dy.len())
-        });
-        assert!(
-            dk.len() >= self.inner * n && inside,
-            "a kernel gradient's products read past their operands"
-        );
+        self.check(self.src.len(), |row| row + self.len, dk.len());
         for col in (0..n).step_by(GROUP) {
             // SAFETY: AVX-512F is present and every read lies inside the operands
             // (asserted); each group writes columns col .. col + width <= n of dk's rows.
