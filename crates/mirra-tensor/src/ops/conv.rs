@@ -594,6 +594,8 @@ fn fold_max<T: FloatElement>(best: &mut [T::Acc], from: &mut [u32], tap: &[T], k
 /// The gradient of [`Tensor::max_pool`]: `grad` (the pooled shape) added into a zero
 /// tensor of `input` dimensions at the flat positions `argmax` names, output by output in
 /// order (a scatter-add, images split between threads: a winner lies in its own image).
+/// Each image is summed in the accumulation type: in place where that is `T`, else in a
+/// scratch image of its thread, in cache, then written once in `T`.
 fn max_pool_grad_kernel<T: FloatElement>(
     grad: &Tensor,
     argmax: &[i64],
@@ -603,19 +605,37 @@ fn max_pool_grad_kernel<T: FloatElement>(
     let image: usize = input[1..].iter().product();
     let per = argmax.len() / n.max(1);
     let g = grad.as_slice::<T>()?;
-    let mut sums = Buffer::alloc(<T::Acc as Element>::DTYPE, n * image, grad.device())?;
-    let acc = sums.as_mut_slice::<T::Acc>()?;
+    let mut out = Buffer::alloc(T::DTYPE, n * image, grad.device())?;
     let stray = std::sync::atomic::AtomicBool::new(false);
-    split_rows_by_work(acc, image, argmax.len() + n * image, &|first, images| {
+    let zero = <T::Acc as Element>::from_f64(0.0);
+    let dst = out.as_mut_slice::<T>()?;
+    let in_place = T::DTYPE == <T::Acc as Element>::DTYPE;
+    split_rows_by_work(dst, image, argmax.len() + n * image, &|first, images| {
+        let mut scratch = vec![zero; if in_place { 0 } else { image }];
         for (k, one) in images.chunks_exact_mut(image.max(1)).enumerate() {
-            one.fill(<T::Acc as Element>::from_f64(0.0));
+            let sums: &mut [T::Acc] = if in_place {
+                bytemuck::cast_slice_mut(one)
+            } else {
+                &mut scratch
+            };
+            sums.fill(zero);
             let (b, from) = (first + k, (first + k) * per);
             let base = (b * image) as i64;
             for (&w, v) in argmax[from..from + per].iter().zip(&g[from..from + per]) {
-                match one.get_mut(w.wrapping_sub(base) as usize) {
+                match sums.get_mut(w.wrapping_sub(base) as usize) {
                     Some(a) => *a = *a + v.to_acc(),
                     None => stray.store(true, std::sync::atomic::Ordering::Relaxed),
                 }
+            }
+            if !in_place {
+                vectorize(
+                    #[inline(always)]
+                    || {
+                        for (d, &s) in one.iter_mut().zip(&scratch) {
+                            *d = T::from_acc(s);
+                        }
+                    },
+                );
             }
         }
     });
@@ -626,7 +646,7 @@ fn max_pool_grad_kernel<T: FloatElement>(
             shape: *grad.shape(),
         });
     }
-    Tensor::from_buffer(sums, input)?.to_dtype(T::DTYPE)
+    Tensor::from_buffer(out, input)
 }
 
 fn col2im_kernel<T: FloatElement>(
@@ -999,15 +1019,31 @@ mod tests {
             let (pooled, at) = xt.max_pool(&win).unwrap();
             let m = pooled.elem_count();
             let g: Vec<f32> = (0..m).map(|i| 0.1 + i as f32 * 0.37).collect();
-            let gt = Tensor::from_slice(&g, pooled.dims(), Device::Cpu).unwrap();
-            let want = gt
-                .reshape(&[m])
-                .unwrap()
-                .scatter_add(0, &at.reshape(&[m]).unwrap(), &[len])
-                .unwrap();
-            let got = gt.max_pool_grad(&at, &dims).unwrap();
-            assert_eq!(got.dims(), dims.as_slice());
-            assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            // In bf16: the f32 sums of the bf16 values, rounded once.
+            for dtype in [crate::DType::F32, crate::DType::BF16] {
+                let gt = Tensor::from_slice(&g, pooled.dims(), Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let want = gt
+                    .to_dtype(crate::DType::F32)
+                    .unwrap()
+                    .reshape(&[m])
+                    .unwrap()
+                    .scatter_add(0, &at.reshape(&[m]).unwrap(), &[len])
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let got = gt.max_pool_grad(&at, &dims).unwrap();
+                assert_eq!((got.dims(), got.dtype()), (dims.as_slice(), dtype));
+                let bits = |t: &Tensor| {
+                    t.to_dtype(crate::DType::F32)
+                        .unwrap()
+                        .to_vec::<f32>()
+                        .unwrap()
+                };
+                assert_eq!(bits(&got), bits(&want), "{dtype:?}");
+            }
         }
         // A winner outside its own image (image 1's winner pointing into image 0), and
         // winners of another shape, are errors naming them.
