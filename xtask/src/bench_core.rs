@@ -296,7 +296,8 @@ pub fn run(args: &[String]) -> Result<(), Failure> {
                     &m,
                     &torch_dir,
                     threads,
-                    epochs.min(2),
+                    // A warm-up, then rounds of an epoch of each policy in turn.
+                    if quick { 2 } else { 4 },
                     matmul_plan(quick),
                     a.no_torch,
                 ),

@@ -54,15 +54,33 @@ pub fn section(
     };
     let mut rows = serde_json::Map::new();
     let mut errors = Vec::new();
+    // Each policy's model, its activation memory and its warm-up epoch.
+    let mut runs = Vec::new();
     for policy in Policy::ALL {
-        println!("precision: cnn under {policy}, {threads} threads");
-        match mirra_row(policy, &data, epochs) {
-            Ok(row) => {
-                rows.insert(policy.name().into(), row);
-            }
+        println!("precision: cnn under {policy}, {threads} threads (warm-up)");
+        match Run::start(policy, &data) {
+            Ok(run) => runs.push(run),
             Err(e) => errors.push(format!("{policy}: {e}")),
         }
     }
+    // Then rounds of one epoch of each in turn, so that the machine's drift reaches
+    // every policy alike: the ratios are the medians of each round's.
+    for round in 0..epochs.saturating_sub(1).max(1) {
+        for run in runs.iter_mut() {
+            println!("precision: cnn under {}, round {}", run.policy, round + 1);
+            if let Err(e) = run.epoch(&data) {
+                errors.push(format!("{}: {e}", run.policy));
+            }
+        }
+    }
+    for run in &runs {
+        rows.insert(run.policy.name().into(), run.row());
+    }
+    let per_round = |policy: Policy| -> Vec<f64> {
+        runs.iter()
+            .find(|r| r.policy == policy)
+            .map_or_else(Vec::new, |r| r.rates.clone())
+    };
     let mut torch = serde_json::Map::new();
     let mut torch_unavailable = no_torch.then(|| "skipped (--no-torch)".to_string());
     for autocast in ["float32", "bfloat16"] {
@@ -101,16 +119,23 @@ pub fn section(
     let activation_ratio = get(bf16_row, "activation_bytes")
         .zip(get(f32_row, "activation_bytes"))
         .map(|(a, b)| a / b);
-    let over_f32 = get(bf16_row, "samples_per_sec")
-        .zip(get(f32_row, "samples_per_sec"))
-        .map(|(a, b)| a / b);
+    let over_f32 = median(
+        per_round(Policy::MixedBfloat16)
+            .iter()
+            .zip(per_round(Policy::Float32))
+            .map(|(a, b)| a / b)
+            .collect(),
+    );
     let over_torch = get(bf16_row, "samples_per_sec")
         .zip(get(torch.get("bfloat16"), "samples_per_sec"))
         .map(|(a, b)| a / b);
     json!({
         "what": "the MNIST CNN at batch 256 under each dtype policy (mirra train --model cnn \
-                 --precision P), the bundled data through the pipeline; activation memory: \
-                 the rise of live host buffers over one training forward pass",
+                 --precision P), the bundled data through the pipeline; after a warm-up \
+                 epoch, rounds of one epoch of each policy in turn, samples/s the median \
+                 of the rounds and bf16_over_f32 the median of each round's ratio; \
+                 activation memory: the rise of live host buffers over one training \
+                 forward pass",
         "batch": BATCH,
         "threads": threads,
         "epochs": epochs,
@@ -131,34 +156,84 @@ pub fn section(
     })
 }
 
-/// One policy's samples/s and activation bytes.
-fn mirra_row(policy: Policy, data: &mirra::data::Dataset, epochs: usize) -> Result<Value, String> {
-    let mut model = mnist_train::compile_model_as("cnn", None, policy)?;
-    // One batch forward, its tape kept: the bytes it holds for backward.
-    let mut batch = data
-        .iter_epoch(0)
-        .map_err(|e| e.to_string())?
-        .next()
-        .ok_or("no batch")?
-        .map_err(|e| e.to_string())?;
-    let (Some(_), Some(x)) = (batch.pop(), batch.pop()) else {
-        return Err("a batch without images and labels".into());
-    };
-    let tape = Tape::new();
-    let before = live_bytes();
-    let out = model
-        .net_mut()
-        .forward(&tape, x, true, Examples::default())
-        .map_err(|e| e.to_string())?;
-    let activation = live_bytes().saturating_sub(before);
-    drop(out);
-    drop(tape);
-    let e = mnist_train::train_epochs(&mut model, data, epochs, 1)?;
-    Ok(json!({
-        "samples_per_sec": num(e.samples_per_sec, 0),
-        "activation_bytes": activation,
-        "last_epoch_loss": num(e.last_loss, 4),
-    }))
+/// The median of `v` (`None` when empty).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| {
+        let m = v.len() / 2;
+        if v.len() % 2 == 1 {
+            v[m]
+        } else {
+            (v[m - 1] + v[m]) / 2.0
+        }
+    })
+}
+
+/// One policy's model under training, its activation bytes, and the samples/s of each
+/// timed epoch.
+struct Run {
+    policy: Policy,
+    model: mirra::train::Model,
+    activation: usize,
+    epochs: usize,
+    rates: Vec<f64>,
+    last_loss: f64,
+}
+
+impl Run {
+    /// The model compiled under `policy`, the bytes one training forward pass keeps for
+    /// backward, and one epoch of warm-up.
+    fn start(policy: Policy, data: &mirra::data::Dataset) -> Result<Run, String> {
+        let mut model = mnist_train::compile_model_as("cnn", None, policy)?;
+        // One batch forward, its tape kept: the bytes it holds for backward.
+        let mut batch = data
+            .iter_epoch(0)
+            .map_err(|e| e.to_string())?
+            .next()
+            .ok_or("no batch")?
+            .map_err(|e| e.to_string())?;
+        let (Some(_), Some(x)) = (batch.pop(), batch.pop()) else {
+            return Err("a batch without images and labels".into());
+        };
+        let tape = Tape::new();
+        let before = live_bytes();
+        let out = model
+            .net_mut()
+            .forward(&tape, x, true, Examples::default())
+            .map_err(|e| e.to_string())?;
+        let activation = live_bytes().saturating_sub(before);
+        drop(out);
+        drop(tape);
+        let warm_up = mnist_train::run_epoch(&mut model, data, 0)?;
+        Ok(Run {
+            policy,
+            model,
+            activation,
+            epochs: 1,
+            rates: Vec::new(),
+            last_loss: warm_up.loss,
+        })
+    }
+
+    /// One more timed epoch.
+    fn epoch(&mut self, data: &mirra::data::Dataset) -> Result<(), String> {
+        let e = mnist_train::run_epoch(&mut self.model, data, self.epochs)?;
+        self.epochs += 1;
+        self.rates.push(e.samples as f64 / e.seconds);
+        self.last_loss = e.loss;
+        Ok(())
+    }
+
+    /// The row: the median samples/s of the timed epochs, each round's, the activation
+    /// bytes and the last epoch's loss.
+    fn row(&self) -> Value {
+        json!({
+            "samples_per_sec": opt(median(self.rates.clone()), 0),
+            "samples_per_sec_per_round": self.rates.iter().map(|r| num(*r, 0)).collect::<Vec<_>>(),
+            "activation_bytes": self.activation,
+            "last_epoch_loss": num(self.last_loss, 4),
+        })
+    }
 }
 
 /// The rows as a table.

@@ -214,41 +214,12 @@ impl PackedB {
 fn pack_pairs(b: Operand<'_>, k: usize, n: usize, first_pair: usize, mut panels: Vec<&mut [u16]>) {
     let pairs = panels.first().map_or(0, |p| p.len() / (2 * PANEL));
     if b.col_stride == 1 {
-        // Rows in memory order: a pair of rows interleaved into each panel.
-        for pair in 0..pairs {
-            let p = 2 * (first_pair + pair);
-            let row = |p: usize| (p < k).then(|| &b.data[b.offset + p * b.row_stride..][..n]);
-            let (first, second) = (row(p), row(p + 1));
-            for (q, panel) in panels.iter_mut().enumerate() {
-                let dst = &mut panel[pair * 2 * PANEL..][..2 * PANEL];
-                let cols = (q * PANEL).min(n)..((q + 1) * PANEL).min(n);
-                let (x, y) = (
-                    first.map(|r| &r[cols.clone()]),
-                    second.map(|r| &r[cols.clone()]),
-                );
-                match (
-                    x.and_then(|x| <&[u16; PANEL]>::try_from(x).ok()),
-                    y.and_then(|y| <&[u16; PANEL]>::try_from(y).ok()),
-                ) {
-                    // A whole panel of a whole pair: a fixed-size interleave.
-                    (Some(x), Some(y)) => {
-                        for j in 0..PANEL {
-                            dst[2 * j] = x[j];
-                            dst[2 * j + 1] = y[j];
-                        }
-                    }
-                    _ => {
-                        dst.fill(0);
-                        for (j, &v) in x.unwrap_or(&[]).iter().enumerate() {
-                            dst[2 * j] = v;
-                        }
-                        for (j, &v) in y.unwrap_or(&[]).iter().enumerate() {
-                            dst[2 * j + 1] = v;
-                        }
-                    }
-                }
-            }
-        }
+        // Rows in memory order: a pair of rows interleaved into each panel, on the widest
+        // vectors (as baseline x86-64 code, this loop took a tenth of a 1024 product).
+        mirra_device::vectorize(
+            #[inline(always)]
+            || interleave_rows(b, k, n, first_pair, pairs, &mut panels),
+        );
     } else {
         // A transposed view (a weight's `w^T`): each column's k values lie in a run.
         for panel in panels.iter_mut() {
@@ -261,6 +232,53 @@ fn pack_pairs(b: Operand<'_>, k: usize, n: usize, first_pair: usize, mut panels:
             for p in ks.clone() {
                 panel[(p / 2 - first_pair) * 2 * PANEL + (j % PANEL) * 2 + p % 2] =
                     b.data[column + p * b.row_stride];
+            }
+        }
+    }
+}
+
+/// [`pack_pairs`] of rows in memory order: pairs of rows `first_pair..first_pair +
+/// pairs` interleaved into each panel.
+#[inline(always)]
+fn interleave_rows(
+    b: Operand<'_>,
+    k: usize,
+    n: usize,
+    first_pair: usize,
+    pairs: usize,
+    panels: &mut [&mut [u16]],
+) {
+    for pair in 0..pairs {
+        let p = 2 * (first_pair + pair);
+        let row = |p: usize| (p < k).then(|| &b.data[b.offset + p * b.row_stride..][..n]);
+        let (first, second) = (row(p), row(p + 1));
+        for (q, panel) in panels.iter_mut().enumerate() {
+            let dst = &mut panel[pair * 2 * PANEL..][..2 * PANEL];
+            let cols = (q * PANEL).min(n)..((q + 1) * PANEL).min(n);
+            let (x, y) = (
+                first.map(|r| &r[cols.clone()]),
+                second.map(|r| &r[cols.clone()]),
+            );
+            match (
+                x.and_then(|x| <&[u16; PANEL]>::try_from(x).ok()),
+                y.and_then(|y| <&[u16; PANEL]>::try_from(y).ok()),
+            ) {
+                // A whole panel of a whole pair: a fixed-size interleave.
+                (Some(x), Some(y)) => {
+                    for j in 0..PANEL {
+                        dst[2 * j] = x[j];
+                        dst[2 * j + 1] = y[j];
+                    }
+                }
+                _ => {
+                    dst.fill(0);
+                    for (j, &v) in x.unwrap_or(&[]).iter().enumerate() {
+                        dst[2 * j] = v;
+                    }
+                    for (j, &v) in y.unwrap_or(&[]).iter().enumerate() {
+                        dst[2 * j + 1] = v;
+                    }
+                }
             }
         }
     }
