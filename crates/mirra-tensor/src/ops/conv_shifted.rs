@@ -426,7 +426,7 @@ impl Grid {
         dy: &[D],
         dk: &mut [f32],
         block: impl Fn(usize, &Reduction<'_, S, D>, &mut [f32]) + Sync,
-    ) {
+    ) -> Result<()> {
         let runs = self.run_starts(self.output, [0; 3], self.stride);
         let len = self.output[2];
         let per = self.runs_per_chunk(len, self.c.max(self.f));
@@ -450,7 +450,7 @@ impl Grid {
                     &mut part[pair * size..(pair + 1) * size],
                 );
             }
-        });
+        })
     }
 
     /// `pass` from its two operands into `out` (shapes as the passes below say).
@@ -496,14 +496,28 @@ impl Grid {
                 );
             }
             Pass::KernelGrad => {
-                use super::shifted_avx512_bf16::{pack_runs, pack_steps};
+                use super::shifted_avx512_bf16::{
+                    pack_runs_into, pack_steps_into, packed_runs_len,
+                };
                 let (src, len) = (a, self.output[2]);
-                let dy = pack_runs(b, len, self.f);
-                let paired = pack_steps(src, self.stride[2] * self.c);
+                // The packings in pooled buffers (as large as the operands: fresh memory
+                // each step would fault its pages in again).
+                let mut dy = pooled_words(packed_runs_len(b.len(), len, self.f))?;
+                let dy = {
+                    let dy = bytemuck::cast_slice_mut(dy.as_mut_slice::<i32>()?);
+                    pack_runs_into(b, len, self.f, dy);
+                    &*dy
+                };
+                let mut paired = pooled_words(src.len())?;
+                let paired = {
+                    let paired = bytemuck::cast_slice_mut(paired.as_mut_slice::<i32>()?);
+                    pack_steps_into(src, self.stride[2] * self.c, paired);
+                    &*paired
+                };
                 let mut sums = vec![0f32; out.len()];
-                self.native_kernel_grad(src, &dy, &mut sums, |offset, reduction, block| {
+                self.native_kernel_grad(src, dy, &mut sums, |offset, reduction, block| {
                     reduction.block(&paired[offset * self.c..], block)
-                });
+                })?;
                 for (o, s) in out.iter_mut().zip(&sums) {
                     *o = half::bf16::from_f32(*s).to_bits();
                 }
@@ -587,8 +601,8 @@ impl Grid {
         let block = self.kernel[2] * self.c * self.f;
         #[cfg(target_arch = "x86_64")]
         if let Some((src, dy, dk)) = native(src, dy, dk, self.native_width(Pass::KernelGrad)) {
-            self.native_kernel_grad(src, dy, dk, |_, reduction, block| reduction.block(block));
-            return Ok(());
+            return self
+                .native_kernel_grad(src, dy, dk, |_, reduction, block| reduction.block(block));
         }
         assert!(self.unit_stride(), "gemm's shifted products take stride 1");
         let grad = self.padded_grad(dy)?;
@@ -612,8 +626,7 @@ impl Grid {
                     (dy, f, 1),
                 );
             }
-        });
-        Ok(())
+        })
     }
 
     /// `dk` = the sum, in chunk order, of `part(chunk, partial)` over `chunks`, each
@@ -624,14 +637,18 @@ impl Grid {
         chunks: Vec<C>,
         work: usize,
         part: impl Fn(C, &mut [T]) + Sync,
-    ) {
-        let mut partial = vec![T::default(); chunks.len() * dk.len()];
+    ) -> Result<()> {
+        // Pooled: a kernel gradient's partial sums are megabytes, which fresh memory
+        // would fault in again every step; each chunk's zeroed by its thread.
+        let mut partial = Buffer::alloc(T::DTYPE, chunks.len() * dk.len(), Device::Cpu)?;
+        let partial = partial.as_mut_slice::<T>()?;
         let items: Vec<(C, &mut [T])> = chunks
             .into_iter()
             .zip(partial.chunks_mut(dk.len().max(1)))
             .collect();
         for_each_split(items, work, &|(chunk, into): (C, &mut [T])| {
             mirra_device::denormals::ensure_this_thread();
+            into.fill(T::default());
             part(chunk, into);
         });
         dk.fill(T::default());
@@ -645,7 +662,15 @@ impl Grid {
                 },
             );
         }
+        Ok(())
     }
+}
+
+/// A pooled host buffer of `len` 32-bit words (as `I32`; the bf16 kernels' packed pairs
+/// are `u32`s).
+#[cfg(target_arch = "x86_64")]
+fn pooled_words(len: usize) -> Result<Buffer> {
+    Ok(Buffer::alloc(mirra_device::DType::I32, len, Device::Cpu)?)
 }
 
 /// The operands as f32 for this CPU's own kernels, when `T` is f32 and the CPU has them

@@ -49,49 +49,87 @@ const GROUP: usize = 64;
 /// `inner`: `[blocks][ceil(inner / 2)][n]`, each `u32` holding row `2p` in its low half
 /// and row `2p + 1` (zero past `inner`) in its high half.
 pub(super) fn pack_pairs(weights: &[u16], blocks: usize, inner: usize, n: usize) -> Vec<u32> {
-    assert_eq!(
-        weights.len(),
-        blocks * inner * n,
-        "weights of {blocks} blocks of {inner}x{n}"
-    );
-    let half = inner.div_ceil(2);
-    let mut packed = vec![0u32; blocks * half * n];
-    for (block, out) in weights
-        .chunks_exact((inner * n).max(1))
-        .zip(packed.chunks_exact_mut((half * n).max(1)))
-    {
-        for (p, row) in out.chunks_exact_mut(n.max(1)).enumerate() {
-            let (lo, hi) = (
-                &block[2 * p * n..(2 * p + 1) * n],
-                block.get((2 * p + 1) * n..(2 * p + 2) * n),
-            );
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = u32::from(lo[j]) | u32::from(hi.map_or(0, |hi| hi[j])) << 16;
-            }
-        }
-    }
+    let mut packed = vec![0; blocks * inner.div_ceil(2) * n];
+    pack_pairs_into(weights, blocks, inner, n, &mut packed);
     packed
+}
+
+/// [`pack_pairs`] into `packed` (its length exactly the packing's), on the widest
+/// vectors: the kernel gradient packs a whole output gradient this way every step.
+pub(super) fn pack_pairs_into(
+    weights: &[u16],
+    blocks: usize,
+    inner: usize,
+    n: usize,
+    packed: &mut [u32],
+) {
+    assert!(
+        weights.len() == blocks * inner * n && packed.len() == blocks * inner.div_ceil(2) * n,
+        "weights of {blocks} blocks of {inner}x{n}, packed in pairs of rows"
+    );
+    let mut out = packed.chunks_exact_mut(n.max(1));
+    mirra_device::vectorize(
+        #[inline(always)]
+        || {
+            for block in weights.chunks_exact((inner * n).max(1)) {
+                let mut rows = block.chunks_exact(n.max(1));
+                while let Some(lo) = rows.next() {
+                    let Some(dst) = out.next() else { return };
+                    match rows.next() {
+                        Some(hi) => {
+                            for ((d, &l), &h) in dst.iter_mut().zip(lo).zip(hi) {
+                                *d = u32::from(l) | u32::from(h) << 16;
+                            }
+                        }
+                        None => {
+                            for (d, &l) in dst.iter_mut().zip(lo) {
+                                *d = u32::from(l);
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    );
 }
 
 /// `dy` (`runs · len` rows of `n` bf16 bits, run after run) as pairs of positions per
 /// run: `[runs][ceil(len / 2)][n]`, position `2p` of the run in each `u32`'s low half and
-/// `2p + 1` (zero past the run) in its high half.
-pub(super) fn pack_runs(dy: &[u16], len: usize, n: usize) -> Vec<u32> {
+/// `2p + 1` (zero past the run) in its high half, into `packed` (exactly that long).
+pub(super) fn pack_runs_into(dy: &[u16], len: usize, n: usize, packed: &mut [u32]) {
     let runs = dy.len() / (len * n).max(1);
     assert_eq!(dy.len(), runs * len * n, "whole runs of {len} rows of {n}");
-    pack_pairs(dy, runs, len, n)
+    pack_pairs_into(dy, runs, len, n, packed);
+}
+
+/// The length of [`pack_runs_into`]'s packing of `dy_len` elements.
+pub(super) fn packed_runs_len(dy_len: usize, len: usize, n: usize) -> usize {
+    dy_len / (len * n).max(1) * len.div_ceil(2) * n
 }
 
 /// Every element of `src` paired with the one `apart` elements later (zero past the
-/// end): element `j` in the low half of `u32` `j`, element `j + apart` in its high half.
-/// The kernel gradient's source pairs, two positions one `step · channels` apart, are
-/// then one 32-bit broadcast from memory.
-pub(super) fn pack_steps(src: &[u16], apart: usize) -> Vec<u32> {
-    let mut paired: Vec<u32> = src.iter().map(|&v| u32::from(v)).collect();
-    for (p, &hi) in paired.iter_mut().zip(src.get(apart..).unwrap_or(&[])) {
-        *p |= u32::from(hi) << 16;
-    }
-    paired
+/// end), into `paired` (as long as `src`): element `j` in the low half of `u32` `j`,
+/// element `j + apart` in its high half. The kernel gradient's source pairs, two
+/// positions one `step · channels` apart, are then one 32-bit broadcast from memory.
+pub(super) fn pack_steps_into(src: &[u16], apart: usize, paired: &mut [u32]) {
+    assert_eq!(paired.len(), src.len(), "one pair per element");
+    let both = src.len().saturating_sub(apart);
+    let (head, tail) = paired.split_at_mut(both);
+    mirra_device::vectorize(
+        #[inline(always)]
+        || {
+            for ((d, &l), &h) in head
+                .iter_mut()
+                .zip(&src[..both])
+                .zip(&src[apart.min(src.len())..])
+            {
+                *d = u32::from(l) | u32::from(h) << 16;
+            }
+            for (d, &l) in tail.iter_mut().zip(&src[both..]) {
+                *d = u32::from(l);
+            }
+        },
+    );
 }
 
 /// bf16, as its bits.
@@ -494,7 +532,8 @@ mod tests {
         }
     }
 
-    /// The pair packings put element `2p` low and `2p + 1` high, zeros past the end.
+    /// The pair packings put element `2p` (or `j`) low and `2p + 1` (or `j + apart`)
+    /// high, zeros past the end.
     #[test]
     fn packing_pairs_keeps_order_and_pads_with_zeros() {
         // Two blocks of 3 x 2.
@@ -512,7 +551,19 @@ mod tests {
                 12
             ]
         );
-        assert_eq!(pack_runs(&w, 3, 2), pack_pairs(&w, 2, 3, 2));
+        let mut runs = vec![0; packed_runs_len(w.len(), 3, 2)];
+        pack_runs_into(&w, 3, 2, &mut runs);
+        assert_eq!(runs, pack_pairs(&w, 2, 3, 2));
+        let steps = |src: &[u16], apart: usize| {
+            let mut paired = vec![0; src.len()];
+            pack_steps_into(src, apart, &mut paired);
+            paired
+        };
+        assert_eq!(
+            steps(&[1, 2, 3, 4, 5], 2),
+            vec![1 | 3 << 16, 2 | 4 << 16, 3 | 5 << 16, 4, 5]
+        );
+        assert_eq!(steps(&[7], 3), vec![7]);
     }
 
     /// Products and Reduction sum exactly what their definitions say (small integers:
@@ -567,9 +618,11 @@ mod tests {
             let dy: Vec<u16> = (0..3 * len * n)
                 .map(|i| bits(((i * 5) % 7) as f32 - 3.0))
                 .collect();
-            let packed = pack_runs(&dy, len, n);
+            let mut packed = vec![0; packed_runs_len(dy.len(), len, n)];
+            pack_runs_into(&dy, len, n, &mut packed);
             let inner = 7;
-            let paired = pack_steps(&src, 2 * channels);
+            let mut paired = vec![0; src.len()];
+            pack_steps_into(&src, 2 * channels, &mut paired);
             let reduction = Reduction {
                 src: &src,
                 channels,
