@@ -88,6 +88,22 @@ template <typename T> __device__ void scale_in_place(T* x, u64 n, double scale) 
     for (u64 i = global_index(); i < n; i += grid_stride()) x[i] = from_acc<T>(to_acc(x[i]) * s);
 }
 
+// Loss scaling: g *= inv in the accumulation type, and the flag set (never cleared) when a
+// stored result is infinite or NaN (x - x is NaN exactly for those). One flag for every
+// gradient of a step, read by the host once: the step's skip decision.
+template <typename T> __device__ void unscale_check(T* g, u64 n, double inv, unsigned int* flag) {
+    typedef typename Acc<T>::type A;
+    const A s = (A)inv;
+    bool bad = false;
+    for (u64 i = global_index(); i < n; i += grid_stride()) {
+        const T out = from_acc<T>(to_acc(g[i]) * s);
+        const A back = to_acc(out);
+        bad |= !(back - back == back - back);
+        g[i] = out;
+    }
+    if (bad) atomicOr(flag, 1u);
+}
+
 #define OPTIM(T, name)                                                                              \
     extern "C" __global__ void sgd_##name(T* p, const T* g, Acc<T>::type* m, u64 n, double lr,     \
                                           double mu, double decay, int nesterov) {                 \
@@ -106,5 +122,8 @@ template <typename T> __device__ void scale_in_place(T* x, u64 n, double scale) 
     }                                                                                               \
     extern "C" __global__ void scale_in_place_##name(T* x, u64 n, double scale) {                 \
         scale_in_place(x, n, scale);                                                               \
+    }                                                                                               \
+    extern "C" __global__ void unscale_check_##name(T* g, u64 n, double inv, unsigned int* flag) { \
+        unscale_check(g, n, inv, flag);                                                            \
     }
 MIRRA_FLOAT_KERNELS(OPTIM)

@@ -477,6 +477,7 @@ mod tests {
             "adam",
             "rmsprop",
             "scale_in_place",
+            "unscale_check",
             "argmax",
             "one_hot",
             "im2col",

@@ -1,6 +1,7 @@
 //! The fused updates on a CUDA device: one launch per parameter of the optimizer's kernel
 //! in `mirra-cuda/kernels/optim.cu` (`sgd_<dtype>`, `adam_<dtype>`, `rmsprop_<dtype>`,
-//! and clipping's `scale_in_place_<dtype>`), whose formulas and order of operations are
+//! clipping's `scale_in_place_<dtype>` and loss scaling's `unscale_check_<dtype>`), whose
+//! formulas and order of operations are
 //! this crate's CPU kernels'. Each [`Rule`](crate::optimizer::Rule) pushes its own
 //! scalars; what every launch shares (the device addresses of the parameter, its gradient
 //! and its slots, the element count, the dtype's kernel suffix) is gathered here.
@@ -111,4 +112,41 @@ pub(crate) fn sum_of_squares(t: &Tensor) -> Result<f64, TensorError> {
     })
     .map_err(cuda_error)?;
     Ok(partials.to_vec::<f64>()?.iter().sum())
+}
+
+/// `grads` divided by the loss scale (`times inv`) on their device, each into a copy of
+/// its own, and whether every result is finite: one `unscale_check_<dtype>` launch per
+/// gradient, all setting one flag in device memory, which the host reads once (one wait
+/// for the device a step, not one per gradient, and no gradient copied to the host).
+pub(crate) fn unscale_and_check(
+    grads: &[Tensor],
+    inv: f64,
+) -> Result<(Vec<Tensor>, bool), TensorError> {
+    let Some(first) = grads.first() else {
+        return Ok((Vec::new(), true));
+    };
+    let device = first.device();
+    let flag = Tensor::zeros(&[1], mirra_tensor::DType::I32, device)?;
+    let flag_ptr = flag.device_ptr()?;
+    let mut unscaled = Vec::with_capacity(grads.len());
+    for g in grads {
+        if g.device() != device {
+            return Err(TensorError::Device(DeviceError::NotOnDevice {
+                op: "unscale_check",
+                device: g.device(),
+            }));
+        }
+        let mut out = g.copy()?;
+        let n = out.elem_count();
+        let dtype = out.dtype().as_str();
+        let memory = out.device_memory_mut()?;
+        let (rt, x, len) = (memory.runtime().clone(), memory.ptr(), n as u64);
+        mirra_cuda::launch!(rt, format!("unscale_check_{dtype}"), n, |l| {
+            l.arg(&x).arg(&len).arg(&inv).arg(&flag_ptr);
+        })
+        .map_err(cuda_error)?;
+        unscaled.push(out);
+    }
+    let finite = flag.to_vec::<i32>()?[0] == 0;
+    Ok((unscaled, finite))
 }

@@ -67,6 +67,27 @@ impl LossScaleOptimizer {
     }
 }
 
+/// `grads` times `inv`, and whether every result is finite: on the host, a scan of each;
+/// on a CUDA device, one flag in device memory set by every gradient's kernel and read
+/// once (the step's one wait for the device; issue 17's "flag on the device").
+fn unscale_and_check(grads: &[Tensor], inv: f64) -> Result<(Vec<Tensor>, bool)> {
+    if grads.iter().any(|g| !g.device().is_cpu()) {
+        return Ok(crate::cuda::unscale_and_check(grads, inv)?);
+    }
+    let unscaled = grads
+        .iter()
+        .map(|g| g.scale(inv))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut finite = true;
+    for g in &unscaled {
+        if g.first_non_finite()?.is_some() {
+            finite = false;
+            break;
+        }
+    }
+    Ok((unscaled, finite))
+}
+
 /// State keys of the scale and its count of finite steps, beside the inner optimizer's.
 const SCALE_KEY: &str = "loss_scale";
 const GOOD_STEPS_KEY: &str = "loss_scale/good_steps";
@@ -74,18 +95,7 @@ const GOOD_STEPS_KEY: &str = "loss_scale/good_steps";
 impl Optimizer for LossScaleOptimizer {
     fn step(&mut self, params: &mut [Tensor], grads: &[Tensor]) -> Result<()> {
         self.validate()?;
-        let inv = 1.0 / self.scale;
-        let unscaled = grads
-            .iter()
-            .map(|g| g.scale(inv))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let mut finite = true;
-        for g in &unscaled {
-            if g.first_non_finite()?.is_some() {
-                finite = false;
-                break;
-            }
-        }
+        let (unscaled, finite) = unscale_and_check(grads, 1.0 / self.scale)?;
         if !finite {
             // Skipped: the scale halves, nothing else changes.
             self.scale /= 2.0;

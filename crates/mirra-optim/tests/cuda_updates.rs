@@ -171,3 +171,69 @@ fn global_norm_and_clipping_on_the_device_match_the_cpu() {
         }
     }
 }
+
+/// Loss scaling on the device: the gradients unscaled and checked by one kernel each,
+/// one flag read per step. A finite step updates as the CPU's does (bit for bit: the
+/// unscaling is one multiply in the accumulation type, then the same Adam); an infinity
+/// or a NaN in any one gradient skips the step and halves the scale on both, the weights
+/// unchanged.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loss_scaling_skips_and_updates_on_the_device_as_on_the_cpu() {
+    use mirra_optim::LossScaleOptimizer;
+    for dtype in FLOATS {
+        let params = [random(&[33, 65], dtype, 1), random(&[7], dtype, 2)];
+        let mut cpu = LossScaleOptimizer::new(Box::new(Adam::new(0.01)));
+        let mut gpu_opt = LossScaleOptimizer::new(Box::new(Adam::new(0.01)));
+        let mut on_cpu: Vec<Tensor> = params.to_vec();
+        let mut on_gpu: Vec<Tensor> = params.iter().map(|p| p.to_device(gpu()).unwrap()).collect();
+        for step in 0..4u64 {
+            // Gradients scaled by the current scale, as backward of a scaled loss gives;
+            // step 2's second gradient holds an infinity (or a NaN for the 16-bit types).
+            let scale = cpu.loss_scale().unwrap();
+            let mut grads: Vec<Tensor> = [&[33usize, 65][..], &[7]]
+                .iter()
+                .enumerate()
+                .map(|(i, dims)| {
+                    random(dims, dtype, 10 + step * 2 + i as u64)
+                        .scale(scale)
+                        .unwrap()
+                })
+                .collect();
+            if step == 2 {
+                let mut v = grads[1]
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec::<f64>()
+                    .unwrap();
+                v[3] = if dtype == DType::F32 {
+                    f64::INFINITY
+                } else {
+                    f64::NAN
+                };
+                grads[1] = Tensor::from_slice(&v, &[7], Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+            }
+            let device_grads: Vec<Tensor> =
+                grads.iter().map(|g| g.to_device(gpu()).unwrap()).collect();
+            let before: Vec<Vec<u64>> = on_gpu.iter().map(bits).collect();
+            cpu.step(&mut on_cpu, &grads).unwrap();
+            gpu_opt.step(&mut on_gpu, &device_grads).unwrap();
+            assert_eq!(
+                cpu.loss_scale(),
+                gpu_opt.loss_scale(),
+                "{dtype:?} step {step}"
+            );
+            if step == 2 {
+                assert_eq!(gpu_opt.loss_scale(), Some(scale / 2.0), "{dtype:?}: halved");
+                let after: Vec<Vec<u64>> = on_gpu.iter().map(bits).collect();
+                assert_eq!(before, after, "{dtype:?}: a skipped step changes no weight");
+            }
+            for (c, g) in on_cpu.iter().zip(&on_gpu) {
+                assert_eq!(bits(c), bits(g), "{dtype:?} step {step}");
+            }
+        }
+    }
+}
