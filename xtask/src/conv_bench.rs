@@ -112,6 +112,38 @@ impl ConvShape {
 /// The dtypes of the rows, as mirra and PyTorch name them.
 const DTYPES: [(DType, &str); 2] = [(DType::F32, "float32"), (DType::BF16, "bfloat16")];
 
+/// Seconds of each pass of `shape` in `dtype` alone (forward, input gradient, kernel
+/// gradient, as the tape calls them), for where a step's time goes.
+fn mirra_pass_seconds(shape: &ConvShape, dtype: DType, plan: Plan) -> Result<[f64; 3], String> {
+    let err = |e: mirra::tensor::TensorError| e.to_string();
+    let window = shape.window()?;
+    let uniform = Initializer::Uniform {
+        low: -1.0,
+        high: 1.0,
+    };
+    let mut r = rng(1);
+    let mut init = |dims: &[usize]| {
+        uniform
+            .init(dims, DType::F32, Device::Cpu, &mut r)
+            .and_then(|t| t.to_dtype(dtype))
+            .map_err(err)
+    };
+    let x = init(&[shape.batch, shape.hw, shape.hw, shape.c_in])?;
+    let kernel = init(&[shape.k, shape.k, shape.c_in, shape.c_out])?;
+    let (y, saved) = x.conv(&kernel, &window).map_err(err)?;
+    let dy = init(y.dims())?;
+    let forward = measure(plan, || x.conv(&kernel, &window).map(drop))
+        .map_err(err)?
+        .median();
+    let input = measure(plan, || dy.conv_input_grad(&kernel, &window).map(drop))
+        .map_err(err)?
+        .median();
+    let weights = measure(plan, || x.conv_kernel_grad(&dy, &window, &saved).map(drop))
+        .map_err(err)?
+        .median();
+    Ok([forward, input, weights])
+}
+
 /// Seconds of one forward + backward step of `shape` in `dtype` in mirra, as `Conv2D`
 /// computes it.
 fn mirra_step_seconds(shape: &ConvShape, dtype: DType, plan: Plan) -> Result<(f64, f64), String> {
@@ -206,9 +238,11 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
     for (dtype, name) in DTYPES {
         let mut ours = Vec::new();
         let mut patches = Vec::new();
+        let mut passes = Vec::new();
         for s in &SHAPES {
             println!("conv: {} {name} (mirra)", s.name);
             ours.push(mirra_step_seconds(s, dtype, plan));
+            passes.push(mirra_pass_seconds(s, dtype, plan));
             // The same step with every convolution through its patches: what the choice
             // of algorithm is worth, in the same run.
             set_conv_algorithm(ConvAlgorithm::Im2col);
@@ -237,6 +271,15 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
             })
         };
         for (i, ((s, m), p)) in SHAPES.iter().zip(&ours).zip(&patches).enumerate() {
+            // Each pass's GFLOP/s: a third of the step's operations.
+            let pass_gflops = match (&passes[i], m) {
+                (Ok(t), Ok((_, f))) => json!({
+                    "forward": num(f / 3.0 / t[0] / 1e9, 1),
+                    "input_grad": num(f / 3.0 / t[1] / 1e9, 1),
+                    "kernel_grad": num(f / 3.0 / t[2] / 1e9, 1),
+                }),
+                _ => Value::Null,
+            };
             let ours = m.as_ref().ok().map(|(t, f)| f / t / 1e9);
             let im2col = p.as_ref().ok().map(|(t, f)| f / t / 1e9);
             let theirs = match (&torch, m) {
@@ -248,6 +291,7 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
                 "dtype": name,
                 "mirra_gflops": opt(ours, 1),
                 "mirra_im2col_gflops": opt(im2col, 1),
+                "mirra_pass_gflops": pass_gflops,
                 "torch_gflops": opt(theirs, 1),
                 "mirra_over_torch": opt(ours.zip(theirs).map(|(a, b)| a / b), 3),
                 "error": m.as_ref().err(),
@@ -261,7 +305,8 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
         "what": "one convolution's forward pass and its input and kernel gradients, batch 128, \
                  in f32 and in bf16 (operands held in bf16, f32 sums), GFLOP/s counted as \
                  6 N OH OW KH KW Cin Cout for both; mirra as Conv2D computes it (the \
-                 algorithm it picks), and through its patches (im2col) for comparison",
+                 algorithm it picks), and through its patches (im2col) for comparison; \
+                 mirra_pass_gflops: each pass timed alone, a third of those operations",
         "threads": threads,
         "bf16_path": mirra::tensor::bf16_matmul_path(),
         "rows": rows,
@@ -275,18 +320,26 @@ pub fn print(c: &Value) {
     use crate::table::cell;
     println!();
     println!(
-        "{:<30} {:>9} {:>10} {:>10} {:>10} {:>8}",
+        "{:<30} {:>9} {:>10} {:>10} {:>10} {:>8}   mirra fwd/dx/dk",
         "conv fwd+bwd (GFLOP/s)", "dtype", "mirra", "im2col", "PyTorch", "ours/pt"
     );
     for r in c["rows"].as_array().into_iter().flatten() {
+        let p = &r["mirra_pass_gflops"];
+        let passes = format!(
+            "{}/{}/{}",
+            cell(&p["forward"], 0),
+            cell(&p["input_grad"], 0),
+            cell(&p["kernel_grad"], 0)
+        );
         println!(
-            "{:<30} {:>9} {:>10} {:>10} {:>10} {:>8}",
+            "{:<30} {:>9} {:>10} {:>10} {:>10} {:>8}   {}",
             format!("  {}", r["shape"].as_str().unwrap_or("")),
             r["dtype"].as_str().unwrap_or(""),
             cell(&r["mirra_gflops"], 1),
             cell(&r["mirra_im2col_gflops"], 1),
             cell(&r["torch_gflops"], 1),
             cell(&r["mirra_over_torch"], 2),
+            passes,
         );
     }
     if let Some(why) = c["torch_unavailable"].as_str() {

@@ -157,16 +157,8 @@ pub fn section(
 }
 
 /// The median of `v` (`None` when empty).
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| {
-        let m = v.len() / 2;
-        if v.len() % 2 == 1 {
-            v[m]
-        } else {
-            (v[m - 1] + v[m]) / 2.0
-        }
-    })
+fn median(v: Vec<f64>) -> Option<f64> {
+    (!v.is_empty()).then(|| crate::timing::median(&v))
 }
 
 /// One policy's model under training, its activation bytes, and the samples/s of each
