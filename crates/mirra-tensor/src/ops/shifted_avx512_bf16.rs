@@ -9,20 +9,21 @@
 //!
 //! - [`Products`] (the output and the input gradient) sums over a tap row's inner index
 //!   `i`, consecutive elements of the source: a row's pair `(x[i], x[i + 1])` is one
-//!   32-bit load, broadcast, against weights packed as pairs along `i`
-//!   ([`pack_pairs`]). An odd inner size ends with a pair whose second half is zero on
-//!   both sides (the source element is masked, not multiplied by a zero weight: it may be
-//!   infinite).
+//!   32-bit broadcast from memory, against weights packed as pairs along `i`
+//!   ([`pack_pairs`]).
 //! - [`Reduction`] (the kernel gradient) sums over the positions `t` of runs: the output
-//!   gradient is packed as pairs of positions per run ([`pack_runs`]), and the source
-//!   pair `(x[t][i], x[t + 1][i])`, one `step · channels` apart, is joined in a general
-//!   register before its broadcast.
+//!   gradient is packed as pairs of positions per run ([`pack_runs_into`]), and the source
+//!   pair `(x[t][i], x[t + 1][i])`, one `step · channels` apart, is read from the source
+//!   packed beside itself ([`pack_steps_into`]), again one 32-bit broadcast.
+//!
+//! An odd inner size (or run length) ends with a lone element, its pair's other half zero
+//! on both sides (the source element masked, not multiplied by a zero weight: it may be
+//! infinite), added after the pairs by a function of its own (see [`Products::block`]).
 //!
 //! Sums stay in f32 and each output is rounded once to the nearest bf16, ties to even,
-//! bit for bit as `half::bf16::from_f32` rounds (not
-//! `vcvtneps2bf16`, which flushes subnormals). Every output element is summed in one
-//! fixed order whatever block or chunk it falls in, so the bits do not depend on how rows
-//! are cut between threads.
+//! bit for bit as `half::bf16::from_f32` rounds (not `vcvtneps2bf16`, which flushes
+//! subnormals). Every output element is summed in one fixed order whatever block or chunk
+//! it falls in, so the bits do not depend on how rows are cut between threads.
 
 use super::shifted_operands::{row_blocks, NativeProducts, Products, Reduction};
 use std::arch::x86_64::{
@@ -279,9 +280,9 @@ impl Products<'_, u16, u32> {
 }
 
 impl Reduction<'_, u16, u32> {
-    /// The block into `dk` (`inner x n`, row-major, f32), `dy` packed by [`pack_runs`]
+    /// The block into `dk` (`inner x n`, row-major, f32), `dy` packed by [`pack_runs_into`]
     /// (a run's rows start at a multiple of `len`), `pairs` the source's elements paired
-    /// with the ones a position later ([`pack_steps`] with `step · channels`).
+    /// with the ones a position later ([`pack_steps_into`] with `step · channels`).
     pub(super) fn block(&self, pairs: &[u32], dk: &mut [f32]) {
         let n = self.n;
         assert!(

@@ -6,9 +6,10 @@
 //! read.
 
 /// A sum of shifted products over runs of grid positions `step` apart: output row `r` of
-/// a run starting at grid row `g` is `Σ_p Σ_i src[(g + r · step + offsets[p]) · channels
-/// + i] · w_p[i][..]` for `i < inner`, the blocks `w_p` (`[inner, n]`) in `weights` as
-/// the kernel lays them out, `weight_rows` rows of `n` each.
+/// a run starting at grid row `g` is
+/// `Σ_p Σ_i src[(g + r · step + offsets[p]) · channels + i] · w_p[i][..]` for
+/// `i < inner`, the blocks `w_p` (`[inner, n]`) in `weights` as the kernel lays them out,
+/// `weight_rows` rows of `n` each.
 pub(super) struct Products<'a, S, W> {
     pub src: &'a [S],
     pub channels: usize,
