@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use mirra::autograd::Tape;
 use mirra::tensor::init::{rng, Initializer};
-use mirra::tensor::{set_conv_algorithm, ConvAlgorithm, DType, Device, Padding, Window};
+use mirra::tensor::{set_conv_algorithm, ConvAlgorithm, DType, Device, Padding, Tensor, Window};
 use serde_json::{json, Value};
 
 use crate::json::{num, opt};
@@ -112,26 +112,33 @@ impl ConvShape {
 /// The dtypes of the rows, as mirra and PyTorch name them.
 const DTYPES: [(DType, &str); 2] = [(DType::F32, "float32"), (DType::BF16, "bfloat16")];
 
+/// A tensor of `dims` in `dtype`, uniform in [-1, 1) from `seed`.
+fn uniform(dims: &[usize], dtype: DType, seed: u64) -> Result<Tensor, String> {
+    Initializer::Uniform {
+        low: -1.0,
+        high: 1.0,
+    }
+    .init(dims, DType::F32, Device::Cpu, &mut rng(seed))
+    .and_then(|t| t.to_dtype(dtype))
+    .map_err(|e| e.to_string())
+}
+
+/// `shape`'s window, input and kernel in `dtype`.
+fn operands(shape: &ConvShape, dtype: DType) -> Result<(Window, Tensor, Tensor), String> {
+    Ok((
+        shape.window()?,
+        uniform(&[shape.batch, shape.hw, shape.hw, shape.c_in], dtype, 1)?,
+        uniform(&[shape.k, shape.k, shape.c_in, shape.c_out], dtype, 2)?,
+    ))
+}
+
 /// Seconds of each pass of `shape` in `dtype` alone (forward, input gradient, kernel
 /// gradient, as the tape calls them), for where a step's time goes.
 fn mirra_pass_seconds(shape: &ConvShape, dtype: DType, plan: Plan) -> Result<[f64; 3], String> {
     let err = |e: mirra::tensor::TensorError| e.to_string();
-    let window = shape.window()?;
-    let uniform = Initializer::Uniform {
-        low: -1.0,
-        high: 1.0,
-    };
-    let mut r = rng(1);
-    let mut init = |dims: &[usize]| {
-        uniform
-            .init(dims, DType::F32, Device::Cpu, &mut r)
-            .and_then(|t| t.to_dtype(dtype))
-            .map_err(err)
-    };
-    let x = init(&[shape.batch, shape.hw, shape.hw, shape.c_in])?;
-    let kernel = init(&[shape.k, shape.k, shape.c_in, shape.c_out])?;
+    let (window, x, kernel) = operands(shape, dtype)?;
     let (y, saved) = x.conv(&kernel, &window).map_err(err)?;
-    let dy = init(y.dims())?;
+    let dy = uniform(y.dims(), dtype, 3)?;
     let forward = measure(plan, || x.conv(&kernel, &window).map(drop))
         .map_err(err)?
         .median();
@@ -148,30 +155,7 @@ fn mirra_pass_seconds(shape: &ConvShape, dtype: DType, plan: Plan) -> Result<[f6
 /// computes it.
 fn mirra_step_seconds(shape: &ConvShape, dtype: DType, plan: Plan) -> Result<(f64, f64), String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    let window = shape.window()?;
-    let uniform = Initializer::Uniform {
-        low: -1.0,
-        high: 1.0,
-    };
-    let mut r = rng(1);
-    let x = uniform
-        .init(
-            &[shape.batch, shape.hw, shape.hw, shape.c_in],
-            DType::F32,
-            Device::Cpu,
-            &mut r,
-        )
-        .and_then(|t| t.to_dtype(dtype))
-        .map_err(|e| err(&e))?;
-    let kernel = uniform
-        .init(
-            &[shape.k, shape.k, shape.c_in, shape.c_out],
-            DType::F32,
-            Device::Cpu,
-            &mut r,
-        )
-        .and_then(|t| t.to_dtype(dtype))
-        .map_err(|e| err(&e))?;
+    let (window, x, kernel) = operands(shape, dtype)?;
     let tape = Tape::new();
     let step = || -> Result<(), String> {
         let xv = tape.param(x.clone(), 0);

@@ -174,16 +174,26 @@ impl Products<'_, u16, u32> {
             // packed weights inside `weights`, and writes its rows of `dst`, columns
             // col .. col + width <= n.
             unsafe {
-                match ((n - col).min(GROUP) / 16, odd) {
-                    (1, false) => self.blocks::<12, 1, false>(first, dst, col),
-                    (2, false) => self.blocks::<12, 2, false>(first, dst, col),
-                    (3, false) => self.blocks::<8, 3, false>(first, dst, col),
-                    (_, false) => self.blocks::<7, 4, false>(first, dst, col),
-                    (1, true) => self.blocks::<12, 1, true>(first, dst, col),
-                    (2, true) => self.blocks::<12, 2, true>(first, dst, col),
-                    (3, true) => self.blocks::<8, 3, true>(first, dst, col),
-                    (_, true) => self.blocks::<7, 4, true>(first, dst, col),
+                if odd {
+                    self.group::<true>(first, dst, col)
+                } else {
+                    self.group::<false>(first, dst, col)
                 }
+            }
+        }
+    }
+
+    /// Columns `col ..` (up to [`GROUP`]) of the run's rows, in the register blocks of
+    /// their width; `ODD`: the inner size is odd.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn group<const ODD: bool>(&self, first: usize, dst: &mut [u16], col: usize) {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            match (self.n - col).min(GROUP) / 16 {
+                1 => self.blocks::<12, 1, ODD>(first, dst, col),
+                2 => self.blocks::<12, 2, ODD>(first, dst, col),
+                3 => self.blocks::<8, 3, ODD>(first, dst, col),
+                _ => self.blocks::<7, 4, ODD>(first, dst, col),
             }
         }
     }
@@ -302,16 +312,26 @@ impl Reduction<'_, u16, u32> {
             // operands (asserted); each group writes columns col .. col + width <= n of
             // dk's rows.
             unsafe {
-                match ((n - col).min(GROUP) / 16, odd) {
-                    (1, false) => self.columns::<16, 1, false>(pairs, dk, col),
-                    (2, false) => self.columns::<12, 2, false>(pairs, dk, col),
-                    (3, false) => self.columns::<8, 3, false>(pairs, dk, col),
-                    (_, false) => self.columns::<6, 4, false>(pairs, dk, col),
-                    (1, true) => self.columns::<16, 1, true>(pairs, dk, col),
-                    (2, true) => self.columns::<12, 2, true>(pairs, dk, col),
-                    (3, true) => self.columns::<8, 3, true>(pairs, dk, col),
-                    (_, true) => self.columns::<6, 4, true>(pairs, dk, col),
+                if odd {
+                    self.group::<true>(pairs, dk, col)
+                } else {
+                    self.group::<false>(pairs, dk, col)
                 }
+            }
+        }
+    }
+
+    /// Columns `col ..` (up to [`GROUP`]) of the block, in the register blocks of their
+    /// width; `ODD`: runs are of odd length.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn group<const ODD: bool>(&self, pairs: &[u32], dk: &mut [f32], col: usize) {
+        // SAFETY: the caller's bounds.
+        unsafe {
+            match (self.n - col).min(GROUP) / 16 {
+                1 => self.columns::<16, 1, ODD>(pairs, dk, col),
+                2 => self.columns::<12, 2, ODD>(pairs, dk, col),
+                3 => self.columns::<8, 3, ODD>(pairs, dk, col),
+                _ => self.columns::<6, 4, ODD>(pairs, dk, col),
             }
         }
     }
