@@ -11,8 +11,11 @@
 //!   those are few and each product's inner dimension (`k_last · channels`) is wide
 //!   enough to run at speed; on the CPU's own kernels (f32 on AVX-512, bf16 on AVX-512
 //!   BF16, any stride for the output and the kernel gradient) it computes the kept
-//!   positions only and always wins. bf16 takes this path only on those kernels, and not
-//!   under the bf16 accumulation ablation (a product of patches).
+//!   positions only and always wins. bf16 takes this path in bf16 only on those kernels,
+//!   and not under the bf16 accumulation ablation (a product of patches). The 16-bit
+//!   floats the CPU has no kernels for (f16; bf16 where the CPU lacks AVX-512 BF16) take
+//!   it in f32, as their matrix products do: operands widened exactly, f32 sums, each
+//!   result rounded once.
 //!
 //! `Auto` picks by those two figures; [`set_conv_algorithm`] (or
 //! `MIRRA_CONV_ALGORITHM=im2col|shifted|auto`) forces one, for tests and benchmarks. A
@@ -88,25 +91,37 @@ enum Saved {
 }
 
 /// The grid of the shifted algorithm for `pass` of `window` over `n` images of `c`
-/// channels to `f` filters, when this thread's [`conv_algorithm`] picks it for operands
-/// of `dtype` (all on the host when `host`); `None`: im2col.
+/// channels to `f` filters, and the dtype it computes in, when this thread's
+/// [`conv_algorithm`] picks it for operands of `dtype` (all on the host when `host`);
+/// `None`: im2col.
 fn shifted(
     window: &Window,
     [n, c, f]: [usize; 3],
     dtype: DType,
     host: bool,
     pass: Pass,
-) -> Option<Grid> {
-    if !host || !matches!(dtype, DType::F32 | DType::F64 | DType::BF16) {
+) -> Option<(Grid, DType)> {
+    if !host {
         return None;
     }
     let grid = Grid::new(window, n, c, f)?;
-    let native = grid.runs_native(dtype, pass);
-    // bf16 runs on the CPU's own kernels only (gemm has no bf16), and not under the
-    // ablation that keeps bf16 running sums: that one is a product of patches.
-    if dtype == DType::BF16 && (!native || super::bf16_accumulation::bf16_accumulation_ablation()) {
-        return None;
-    }
+    let compute = match dtype {
+        DType::F32 | DType::F64 => dtype,
+        // The bf16 accumulation ablation keeps bf16 running sums: a product of patches.
+        DType::BF16 if super::bf16_accumulation::bf16_accumulation_ablation() => return None,
+        // On 16-bit units, bf16 runs on the CPU's own kernels only (gemm has none); where
+        // a pass's width does not fit them, its patches go to the bf16 matrix product.
+        DType::BF16 if super::bf16_gemm::native().is_some() => {
+            if !grid.runs_native(DType::BF16, pass) {
+                return None;
+            }
+            DType::BF16
+        }
+        // No 16-bit kernels for these: f32 products of the widened operands.
+        DType::BF16 | DType::F16 => DType::F32,
+        _ => return None,
+    };
+    let native = grid.runs_native(compute, pass);
     // Other strides run on the CPU's own kernels only, and not for the input gradient
     // (a transposed convolution: each input position gathers from a stride's phase).
     if !grid.unit_stride() && (!native || matches!(pass, Pass::InputGrad)) {
@@ -119,13 +134,14 @@ fn shifted(
         c
     };
     let inner = window.kernel().last().copied().unwrap_or(1) * read;
-    match conv_algorithm() {
-        ConvAlgorithm::Im2col => None,
-        ConvAlgorithm::Shifted => Some(grid),
+    let picked = match conv_algorithm() {
+        ConvAlgorithm::Im2col => false,
+        ConvAlgorithm::Shifted => true,
         ConvAlgorithm::Auto => {
-            (native || (grid.overhead() <= MAX_GRID_OVERHEAD && inner >= MIN_INNER)).then_some(grid)
+            native || (grid.overhead() <= MAX_GRID_OVERHEAD && inner >= MIN_INNER)
         }
-    }
+    };
+    picked.then_some((grid, compute))
 }
 
 /// The filters of `kernel` (`[k1, .., kk, c, f]`, or any shape of those elements whose last
@@ -171,10 +187,11 @@ fn on_host(tensors: &[&Tensor]) -> bool {
     tensors.iter().all(|t| t.device().is_cpu())
 }
 
-/// `x` zero-padded on the shifted algorithm's grid (f32, f64 or bf16 on the host).
-fn padded_input(grid: &Grid, x: &Tensor) -> Result<Tensor> {
-    let x = x.contiguous()?;
-    let padded = match x.dtype() {
+/// `x` zero-padded on the shifted algorithm's grid, in the dtype the algorithm computes
+/// in (`compute`: f32, f64 or bf16; `x` widened to it where it is narrower).
+fn padded_input(grid: &Grid, x: &Tensor, compute: DType) -> Result<Tensor> {
+    let x = x.to_dtype(compute)?.contiguous()?;
+    let padded = match compute {
         DType::F64 => grid.padded_input::<f64>(x.as_slice()?)?,
         DType::BF16 => grid.padded_input::<half::bf16>(x.as_slice()?)?,
         _ => grid.padded_input::<f32>(x.as_slice()?)?,
@@ -183,12 +200,20 @@ fn padded_input(grid: &Grid, x: &Tensor) -> Result<Tensor> {
     Tensor::from_buffer(padded, &[len])
 }
 
-/// `pass` of the shifted algorithm on `a` and `b` (made contiguous, f32, f64 or bf16 on
-/// the host) into a new tensor of `dims`.
-fn shifted_pass(grid: &Grid, pass: Pass, a: &Tensor, b: &Tensor, dims: &[usize]) -> Result<Tensor> {
-    let (a, b) = (a.contiguous()?, b.contiguous()?);
-    let mut out = Buffer::alloc(a.dtype(), dims.iter().product(), a.device())?;
-    match a.dtype() {
+/// `pass` of the shifted algorithm on `a` and `b` (on the host) in `compute` (f32, f64 or
+/// bf16; operands of a narrower dtype widened to it) into a new tensor of `dims` in
+/// `dtype` (the results rounded once where `compute` is wider).
+fn shifted_pass(
+    grid: &Grid,
+    pass: Pass,
+    (a, b): (&Tensor, &Tensor),
+    compute: DType,
+    (dims, dtype): (&[usize], DType),
+) -> Result<Tensor> {
+    let a = a.to_dtype(compute)?.contiguous()?;
+    let b = b.to_dtype(compute)?.contiguous()?;
+    let mut out = Buffer::alloc(compute, dims.iter().product(), a.device())?;
+    match compute {
         DType::F64 => grid.run::<f64>(pass, a.as_slice()?, b.as_slice()?, out.as_mut_slice()?)?,
         #[cfg(target_arch = "x86_64")]
         DType::BF16 => grid.run_bf16(
@@ -199,7 +224,7 @@ fn shifted_pass(grid: &Grid, pass: Pass, a: &Tensor, b: &Tensor, dims: &[usize])
         )?,
         _ => grid.run::<f32>(pass, a.as_slice()?, b.as_slice()?, out.as_mut_slice()?)?,
     }
-    Tensor::from_buffer(out, dims)
+    Tensor::from_buffer(out, dims)?.to_dtype(dtype)
 }
 
 impl Tensor {
@@ -213,7 +238,8 @@ impl Tensor {
         same_dtype(op, self, kernel)?;
         let dims = Window::dims(n, window.output(), f);
         let host = on_host(&[self, kernel]);
-        let Some(grid) = shifted(window, [n, c, f], self.dtype(), host, Pass::Forward) else {
+        let Some((grid, compute)) = shifted(window, [n, c, f], self.dtype(), host, Pass::Forward)
+        else {
             let rows = window.taps() * c;
             let patches = self
                 .im2col(window)?
@@ -223,8 +249,14 @@ impl Tensor {
                 .reshape(&dims)?;
             return Ok((y, ConvSaved(Saved::Patches(patches))));
         };
-        let padded = padded_input(&grid, self)?;
-        let y = shifted_pass(&grid, Pass::Forward, &padded, kernel, &dims)?;
+        let padded = padded_input(&grid, self, compute)?;
+        let y = shifted_pass(
+            &grid,
+            Pass::Forward,
+            (&padded, kernel),
+            compute,
+            (&dims, self.dtype()),
+        )?;
         Ok((y, ConvSaved(Saved::PaddedInput(padded))))
     }
 
@@ -245,7 +277,8 @@ impl Tensor {
         same_dtype(op, dy, kernel)?;
         let dims = Window::dims(n, window.input(), c);
         let host = on_host(&[dy, kernel]);
-        let Some(grid) = shifted(window, [n, c, f], dy.dtype(), host, Pass::InputGrad) else {
+        let Some((grid, compute)) = shifted(window, [n, c, f], dy.dtype(), host, Pass::InputGrad)
+        else {
             let rows = window.taps() * c;
             return dy
                 .reshape(&[n * window.positions(), f])?
@@ -253,7 +286,13 @@ impl Tensor {
                 .reshape(&Window::dims(n, window.output(), rows))?
                 .col2im(window, c);
         };
-        shifted_pass(&grid, Pass::InputGrad, dy, kernel, &dims)
+        shifted_pass(
+            &grid,
+            Pass::InputGrad,
+            (dy, kernel),
+            compute,
+            (&dims, dy.dtype()),
+        )
     }
 
     /// The gradient of a convolution's kernel, `[k1 · .. · kk · c, f]`, from its input (this
@@ -281,7 +320,9 @@ impl Tensor {
             return patches.t()?.matmul(&dy2()?);
         }
         let host = on_host(&[self, dy]);
-        let Some(grid) = shifted(window, [n, c, f], self.dtype(), host, Pass::KernelGrad) else {
+        let Some((grid, compute)) =
+            shifted(window, [n, c, f], self.dtype(), host, Pass::KernelGrad)
+        else {
             let patches = self
                 .im2col(window)?
                 .reshape(&[n * window.positions(), rows])?;
@@ -289,9 +330,15 @@ impl Tensor {
         };
         let padded = match &saved.0 {
             Saved::PaddedInput(padded) => padded.clone(),
-            _ => padded_input(&grid, self)?,
+            _ => padded_input(&grid, self, compute)?,
         };
-        shifted_pass(&grid, Pass::KernelGrad, &padded, dy, &[rows, f])
+        shifted_pass(
+            &grid,
+            Pass::KernelGrad,
+            (&padded, dy),
+            compute,
+            (&[rows, f], self.dtype()),
+        )
     }
 }
 
@@ -491,7 +538,15 @@ mod tests {
         shifted_matches_the_definition_at_every_width(DType::BF16);
     }
 
-    /// The widths, strides and paddings of the two tests above, in `dtype`.
+    /// f16, for which the CPU has no kernels, runs the shifted algorithm in f32 (as its
+    /// matrix products do): the operands widened exactly, f32 sums, one f16 rounding of
+    /// each result, on the f32 kernels or gemm.
+    #[test]
+    fn shifted_f16_matches_the_definition_at_every_width() {
+        shifted_matches_the_definition_at_every_width(DType::F16);
+    }
+
+    /// The widths, strides and paddings of the three tests above, in `dtype`.
     fn shifted_matches_the_definition_at_every_width(dtype: DType) {
         let native = Grid::new(
             &Window::new(&[4, 4], &[3, 3], &[1, 1], &[1, 1], Padding::Same).unwrap(),
@@ -558,24 +613,29 @@ mod tests {
             let native_forward = native && f % 16 == 0;
             assert_eq!(
                 matches!(saved.0, Saved::PaddedInput(_)),
-                dtype == DType::F32 || native_forward,
-                "the shifted algorithm ran in f32, and in bf16 where the CPU has its kernel"
+                dtype != DType::BF16 || native_forward,
+                "the shifted algorithm ran in f32 and f16, and in bf16 where the CPU has its \
+                 kernel"
             );
-            // One rounding of the result to `dtype` (half a unit: 2^-8 of it in bf16) on
-            // the native kernels; im2col's bf16 input gradient also rounds each tap's
-            // part before col2im sums them: half a unit of the sum of magnitudes more.
-            let half_unit = if dtype == DType::BF16 {
-                2f64.powi(-8)
-            } else {
-                0.0
+            // One rounding of the result to `dtype` (half a unit: 2^-8 of it in bf16,
+            // 2^-11 in f16) where the shifted algorithm ran (f16: in f32); im2col's
+            // 16-bit input gradient also rounds each tap's part before col2im sums them:
+            // half a unit of the sum of magnitudes more.
+            let half_unit = match dtype {
+                DType::BF16 => 2f64.powi(-8),
+                DType::F16 => 2f64.powi(-11),
+                _ => 0.0,
             };
             let abs = |v: &[f64]| v.iter().map(|v| v.abs()).collect::<Vec<f64>>();
             let magnitudes = reference(&window, &abs(&x), &abs(&k), &abs(&dy), [n, c, f]);
-            let native_pass = [
-                native_forward,
-                native && c % 16 == 0 && stride == unit,
-                native_forward,
-            ];
+            let rounded_once = match dtype {
+                DType::F16 => [true, stride == unit, true],
+                _ => [
+                    native_forward,
+                    native && c % 16 == 0 && stride == unit,
+                    native_forward,
+                ],
+            };
             let terms = [window.taps() * c, window.taps() * f, n * window.positions()];
             for (p, (got, want)) in got.iter().zip(&expected).enumerate() {
                 assert_eq!(got.dtype(), dtype);
@@ -583,7 +643,11 @@ mod tests {
                 assert_eq!(got.len(), want.len());
                 let terms = terms[p];
                 for ((a, b), m) in got.iter().zip(want).zip(&magnitudes[p]) {
-                    let rounded = if native_pass[p] { b.abs() } else { m + b.abs() };
+                    let rounded = if rounded_once[p] {
+                        b.abs()
+                    } else {
+                        m + b.abs()
+                    };
                     let tolerance = 1e-6 * terms as f64 * (1.0 + b.abs()) + half_unit * rounded;
                     assert!(
                         (a - b).abs() <= tolerance,
@@ -595,11 +659,11 @@ mod tests {
     }
 
     /// The shifted algorithm's bits do not depend on the thread count: its chunks are
-    /// fixed, and the kernel gradient sums them in order (f32, and bf16 where the CPU has
-    /// its kernel).
+    /// fixed, and the kernel gradient sums them in order (f32, f16 in f32, and bf16 where
+    /// the CPU has its kernel).
     #[test]
     fn shifted_results_keep_their_bits_for_any_thread_count() {
-        for dtype in [DType::F32, DType::BF16] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
             shifted_results_keep_their_bits(dtype);
         }
     }
@@ -624,7 +688,7 @@ mod tests {
                     crate::set_num_threads(threads);
                     set_conv_algorithm(ConvAlgorithm::Shifted);
                     let (y, saved) = x.conv(&k, &window).unwrap();
-                    let native = dtype == DType::F32
+                    let native = dtype != DType::BF16
                         || Grid::new(&window, n, c, f)
                             .unwrap()
                             .runs_native(dtype, Pass::Forward);
