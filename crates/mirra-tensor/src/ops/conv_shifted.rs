@@ -133,15 +133,19 @@ impl Grid {
     pub(super) fn runs_native(&self, dtype: mirra_device::DType, pass: Pass) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            let cpu = match dtype {
-                mirra_device::DType::F32 => super::shifted_avx512::available(),
+            let width = self.native_width(pass);
+            match dtype {
+                mirra_device::DType::F32 => {
+                    super::shifted_avx512::available() && super::shifted_avx512::takes(width)
+                }
                 // Where bf16 products run on 16-bit units at all (not `MIRRA_BF16_MATMUL=f32`).
                 mirra_device::DType::BF16 => {
-                    super::shifted_avx512_bf16::available() && super::bf16_gemm::native().is_some()
+                    super::shifted_avx512_bf16::available()
+                        && super::bf16_gemm::native().is_some()
+                        && super::shifted_avx512_bf16::takes(width)
                 }
                 _ => false,
-            };
-            cpu && super::shifted_avx512::takes(self.native_width(pass))
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

@@ -521,9 +521,9 @@ mod tests {
         }
     }
 
-    /// In f32 the shifted algorithm runs the CPU's own kernels where it has them (16 to
-    /// 64 channels or filters, row blocks with a remainder) and gemm elsewhere; both give
-    /// the tap-by-tap sums to f32's rounding.
+    /// In f32 the shifted algorithm runs the CPU's own kernels where it has them (8 to
+    /// 64 channels or filters in steps of 8, wider ones in groups of 64, row blocks with
+    /// a remainder) and gemm elsewhere; both give the tap-by-tap sums to f32's rounding.
     #[test]
     fn shifted_f32_matches_the_definition_at_every_width() {
         shifted_matches_the_definition_at_every_width(DType::F32);
@@ -577,6 +577,12 @@ mod tests {
             (4, 96, 128, 1, unit, Padding::Same),
             (7, 1, 16, 2, unit, Padding::Valid),
             (6, 80, 8, 1, unit, Padding::Same),
+            // Widths ending in 8 columns (f32's half-width vectors; bf16's im2col): alone,
+            // after whole vectors, after a whole group, and strided.
+            (6, 8, 8, 2, unit, Padding::Same),
+            (5, 24, 40, 1, unit, Padding::Same),
+            (4, 8, 72, 1, unit, Padding::Same),
+            (9, 8, 24, 2, [2, 2], Padding::Same),
         ] {
             let window = Window::new(&[size, size + 1], &[3, 2], &stride, &unit, padding).unwrap();
             // The operands as `dtype` holds them, and the sums of those values.
@@ -610,7 +616,9 @@ mod tests {
                 xt.conv_kernel_grad(&dyt, &window, &saved).unwrap(),
             ];
             set_conv_algorithm(ConvAlgorithm::Auto);
-            let native_forward = native && f % 16 == 0;
+            // The widths the CPU's own kernels take: 8 lanes in f32, 16 in bf16.
+            let lanes = if dtype == DType::BF16 { 16 } else { 8 };
+            let native_forward = native && f % lanes == 0;
             assert_eq!(
                 matches!(saved.0, Saved::PaddedInput(_)),
                 dtype != DType::BF16 || native_forward,
@@ -632,7 +640,7 @@ mod tests {
                 DType::F16 => [true, stride == unit, true],
                 _ => [
                     native_forward,
-                    native && c % 16 == 0 && stride == unit,
+                    native && c % lanes == 0 && stride == unit,
                     native_forward,
                 ],
             };
@@ -664,13 +672,16 @@ mod tests {
     #[test]
     fn shifted_results_keep_their_bits_for_any_thread_count() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            shifted_results_keep_their_bits(dtype);
+            // Whole vectors, and a width ending in f32's half-width ones.
+            for (c, f) in [(16, 16), (8, 24)] {
+                shifted_results_keep_their_bits(dtype, c, f);
+            }
         }
     }
 
-    fn shifted_results_keep_their_bits(dtype: DType) {
+    fn shifted_results_keep_their_bits(dtype: DType, c: usize, f: usize) {
         let window = Window::new(&[28, 28], &[3, 3], &[1, 1], &[1, 1], Padding::Same).unwrap();
-        let (n, c, f) = (8, 16, 16);
+        let n = 8;
         let tensor = |len: usize, seed: u64, dims: &[usize]| {
             let v: Vec<f32> = values(len, seed).into_iter().map(|v| v as f32).collect();
             Tensor::from_slice(&v, dims, Device::Cpu)

@@ -43,6 +43,12 @@ pub(super) fn available() -> bool {
     })
 }
 
+/// Whether the kernels take an output (or reduction) width of `n` columns: whole vectors
+/// of 16 lanes, computed in groups of up to 64 columns.
+pub(super) fn takes(n: usize) -> bool {
+    n.is_multiple_of(16) && n > 0
+}
+
 /// The widest group of columns a kernel holds in registers.
 const GROUP: usize = 64;
 
@@ -160,9 +166,7 @@ impl Products<'_, u16, u32> {
     pub(super) fn rows(&self, first: usize, dst: &mut [u16]) {
         let (n, m) = (self.n, dst.len() / self.n.max(1));
         assert!(
-            available()
-                && super::shifted_avx512::takes(n)
-                && self.weight_rows == self.inner.div_ceil(2),
+            available() && takes(n) && self.weight_rows == self.inner.div_ceil(2),
             "the AVX-512 BF16 products run on AVX-512 BF16, whole vectors wide, on pairs"
         );
         self.check(first, m);
@@ -297,7 +301,7 @@ impl Reduction<'_, u16, u32> {
         let n = self.n;
         assert!(
             available()
-                && super::shifted_avx512::takes(n)
+                && takes(n)
                 && self
                     .runs
                     .iter()
