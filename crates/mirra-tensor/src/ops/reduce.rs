@@ -11,6 +11,7 @@ use super::cuda;
 use super::nan::max_nan;
 use crate::dispatch::with_float;
 use crate::layout::for_each_row;
+use crate::threads::split_rows_by_work;
 use crate::{Result, Shape, Tensor, TensorError, MAX_RANK};
 
 #[derive(Clone, Copy)]
@@ -102,26 +103,30 @@ impl Tensor {
         let last = self.rank() as isize - 1;
         let moved = self.transpose(ax as isize, last)?.contiguous()?;
         let rows = self.elem_count() / n;
-        let mut out = Vec::with_capacity(rows);
+        let mut out = Buffer::alloc(crate::DType::I64, rows, self.device())?;
         with_float!("argmax", self.dtype(), T => {
-            for row in moved.as_slice::<T>()?.chunks_exact(n) {
-                let mut best = 0;
-                for (j, x) in row.iter().enumerate() {
-                    let (x, b) = (x.to_acc(), row[best].to_acc());
-                    if b.is_nan() {
-                        break;
+            let src = moved.as_slice::<T>()?;
+            // Rows across the kernel threads: each row's winner is its own.
+            split_rows_by_work(out.as_mut_slice::<i64>()?, 1, src.len(), &|first, part| {
+                for (row, winner) in src[first * n..].chunks_exact(n).zip(part) {
+                    let mut best = 0;
+                    for (j, x) in row.iter().enumerate() {
+                        let (x, b) = (x.to_acc(), row[best].to_acc());
+                        if b.is_nan() {
+                            break;
+                        }
+                        if x > b || x.is_nan() {
+                            best = j;
+                        }
                     }
-                    if x > b || x.is_nan() {
-                        best = j;
-                    }
+                    *winner = best as i64;
                 }
-                out.push(best as i64);
-            }
+            });
             Ok::<(), TensorError>(())
         })?;
         let mut dims = self.dims().to_vec();
         dims[ax] = 1;
-        let t = Tensor::from_vec(out, &moved.dims()[..self.rank() - 1], self.device())?;
+        let t = Tensor::from_buffer(out, &moved.dims()[..self.rank() - 1])?;
         let t = t
             .unsqueeze(self.rank() - 1)?
             .transpose(ax as isize, last)?
@@ -439,5 +444,31 @@ mod tests {
             x.argmax(0, false).unwrap().to_vec::<i64>().unwrap(),
             [1, 0, 1]
         );
+    }
+
+    /// Rows enough to be split across the kernel threads: every row's first largest
+    /// element on one, two and three threads (ties, so that a later equal one must lose).
+    #[test]
+    fn argmax_of_many_rows_on_any_thread_count() {
+        let (rows, n) = (120_000, 11);
+        let x: Vec<f32> = (0..rows * n).map(|i| ((i * 7919) % 13) as f32).collect();
+        let want: Vec<i64> = x
+            .chunks_exact(n)
+            .map(|row| {
+                let max = row.iter().cloned().fold(f32::MIN, f32::max);
+                row.iter().position(|&v| v == max).unwrap() as i64
+            })
+            .collect();
+        let t = Tensor::from_slice(&x, &[rows, n], Device::Cpu).unwrap();
+        for threads in [1, 2, 3] {
+            let t = t.clone();
+            let got = std::thread::spawn(move || {
+                crate::set_num_threads(threads);
+                t.argmax(1, false).unwrap().to_vec::<i64>().unwrap()
+            })
+            .join()
+            .unwrap();
+            assert!(got == want, "{threads} threads");
+        }
     }
 }

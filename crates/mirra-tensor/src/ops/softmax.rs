@@ -8,6 +8,7 @@ use num_traits::Float;
 use super::cuda;
 use super::nan::max_nan;
 use crate::dispatch::with_float;
+use crate::threads::split_rows_by_work;
 use crate::{Result, Tensor, TensorError};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -82,7 +83,14 @@ impl Tensor {
     }
 }
 
-/// Softmax over the middle index of an `[outer, n, inner]` row-major block.
+/// What one exponential costs, in elements moved: how much work a softmax is when
+/// deciding whether to wake the kernel threads.
+const EXP_WORK: usize = 8;
+
+/// Softmax over the middle index of an `[outer, n, inner]` row-major block, the `outer`
+/// blocks split across the kernel threads (each slice's result is the same wherever it
+/// runs). Each exponential is taken once: a slice's are kept (in the accumulation type)
+/// until their sum is known.
 fn kernel<T: FloatElement>(
     src: &[T],
     dst: &mut [T],
@@ -91,33 +99,46 @@ fn kernel<T: FloatElement>(
     inner: usize,
     kind: Kind,
 ) {
-    for o in 0..outer {
-        for i in 0..inner {
-            let at = |j: usize| o * n * inner + j * inner + i;
-            let mut max = T::Acc::neg_infinity();
-            for j in 0..n {
-                max = max_nan(max, src[at(j)].to_acc());
-            }
-            let mut sum = <T::Acc as num_traits::Zero>::zero();
-            for j in 0..n {
-                sum = sum + (src[at(j)].to_acc() - max).exp();
-            }
-            match kind {
-                Kind::Softmax => {
-                    let inv = sum.recip();
-                    for j in 0..n {
-                        dst[at(j)] = T::from_acc((src[at(j)].to_acc() - max).exp() * inv);
+    let block = n * inner;
+    if outer == 0 || block == 0 {
+        return;
+    }
+    split_rows_by_work(dst, block, dst.len() * EXP_WORK, &|first, part| {
+        let mut exps: Vec<T::Acc> = Vec::with_capacity(if kind == Kind::Softmax { n } else { 0 });
+        for (o, dst) in part.chunks_exact_mut(block).enumerate() {
+            let src = &src[(first + o) * block..][..block];
+            for i in 0..inner {
+                let at = |j: usize| j * inner + i;
+                let mut max = T::Acc::neg_infinity();
+                for j in 0..n {
+                    max = max_nan(max, src[at(j)].to_acc());
+                }
+                let mut sum = <T::Acc as num_traits::Zero>::zero();
+                exps.clear();
+                for j in 0..n {
+                    let e = (src[at(j)].to_acc() - max).exp();
+                    sum = sum + e;
+                    if kind == Kind::Softmax {
+                        exps.push(e);
                     }
                 }
-                Kind::LogSoftmax => {
-                    let shift = max + sum.ln();
-                    for j in 0..n {
-                        dst[at(j)] = T::from_acc(src[at(j)].to_acc() - shift);
+                match kind {
+                    Kind::Softmax => {
+                        let inv = sum.recip();
+                        for (j, &e) in exps.iter().enumerate() {
+                            dst[at(j)] = T::from_acc(e * inv);
+                        }
+                    }
+                    Kind::LogSoftmax => {
+                        let shift = max + sum.ln();
+                        for j in 0..n {
+                            dst[at(j)] = T::from_acc(src[at(j)].to_acc() - shift);
+                        }
                     }
                 }
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]
@@ -149,5 +170,64 @@ mod tests {
             .to_vec::<f32>()
             .unwrap();
         assert!(s.iter().all(|v| (v - 1.0).abs() < 1e-6), "{s:?}");
+    }
+
+    /// Per slice, in order: the max, `exp(x - max)` summed left to right, then each
+    /// exponential times the sum's reciprocal (log-softmax: `x - (max + ln(sum))`).
+    fn reference(x: &[f32], n: usize, inner: usize, log: bool) -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        for o in 0..x.len() / (n * inner) {
+            for i in 0..inner {
+                let at = |j: usize| (o * n + j) * inner + i;
+                let max = (0..n).map(|j| x[at(j)]).fold(f32::NEG_INFINITY, f32::max);
+                let sum = (0..n).fold(0f32, |s, j| s + (x[at(j)] - max).exp());
+                for j in 0..n {
+                    out[at(j)] = if log {
+                        x[at(j)] - (max + sum.ln())
+                    } else {
+                        (x[at(j)] - max).exp() * sum.recip()
+                    };
+                }
+            }
+        }
+        out
+    }
+
+    /// Large enough to be split across the kernel threads: the same bits as the
+    /// definition's order on one thread, on two and on three, along the last axis and
+    /// along the first (slices strided by the inner size).
+    #[test]
+    fn every_thread_count_gives_the_definitions_bits() {
+        let (rows, n) = (20_000, 11);
+        let x: Vec<f32> = (0..rows * n)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0)
+            .collect();
+        for (dims, axis, inner) in [([rows, n], 1isize, 1), ([n, rows], 0, rows)] {
+            let t = Tensor::from_slice(&x, &dims, Device::Cpu).unwrap();
+            for log in [false, true] {
+                let want: Vec<u32> = reference(&x, n, inner, log)
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                for threads in [1, 2, 3] {
+                    let t = t.clone();
+                    let got = std::thread::spawn(move || {
+                        crate::set_num_threads(threads);
+                        let y = match log {
+                            true => t.log_softmax(axis),
+                            false => t.softmax(axis),
+                        };
+                        y.unwrap().to_vec::<f32>().unwrap()
+                    })
+                    .join()
+                    .unwrap();
+                    let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                    assert!(
+                        got == want,
+                        "{dims:?} axis {axis}, log {log}, {threads} threads"
+                    );
+                }
+            }
+        }
     }
 }
