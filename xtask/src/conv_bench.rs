@@ -4,10 +4,12 @@
 //!
 //! One step is what training does with a convolution: the forward pass, then the
 //! gradients of the input and of the kernel (the bias is left out: a sum, not a
-//! convolution). FLOPs counted: `3 · 2 · N · OH · OW · KH · KW · C_in · C_out`, the same
-//! count for both, whatever algorithm each uses. Each shape in f32 and in bf16 (input
-//! and kernel held in bf16, as a `mixed_bfloat16` layer computes; PyTorch's tensors in
-//! `torch.bfloat16` likewise).
+//! convolution). FLOPs counted: `3 · 2 · N · OH · OW · KH · KW · C_in · C_out` (and `OD ·
+//! KD` in 3D), the same count for both, whatever algorithm each uses. Each shape in f32
+//! and in bf16 (input and kernel held in bf16, as a `mixed_bfloat16` layer computes;
+//! PyTorch's tensors in `torch.bfloat16` likewise). The 3D shapes (the 3D U-Net's first
+//! level) run PyTorch in channels-last (`channels_last_3d`): its default layout's backward
+//! pass is 3x slower there, and the comparison is against PyTorch at its best.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -21,11 +23,12 @@ use crate::json::{num, opt};
 use crate::timing::{measure, Plan};
 use crate::torch_train::run_script;
 
-/// One convolution: input `[batch, h, w, c_in]`, a `k x k` kernel, stride, padding.
+/// One convolution: input `[batch, spatial.., c_in]`, a kernel of `k` along each spatial
+/// dimension, stride, padding.
 pub struct ConvShape {
     pub name: &'static str,
     pub batch: usize,
-    pub hw: usize,
+    pub spatial: &'static [usize],
     pub c_in: usize,
     pub c_out: usize,
     pub k: usize,
@@ -33,12 +36,13 @@ pub struct ConvShape {
     pub same: bool,
 }
 
-/// The CNN's two convolutions and three of ResNet-20's, at batch 128.
-pub const SHAPES: [ConvShape; 5] = [
+/// The CNN's two convolutions and three of ResNet-20's, at batch 128, and two of the 3D
+/// U-Net's first level (8 filters over 32x56x56 volumes), at batch 2.
+pub const SHAPES: [ConvShape; 7] = [
     ConvShape {
         name: "cnn conv1 28x28 1->32 3x3",
         batch: 128,
-        hw: 28,
+        spatial: &[28, 28],
         c_in: 1,
         c_out: 32,
         k: 3,
@@ -48,7 +52,7 @@ pub const SHAPES: [ConvShape; 5] = [
     ConvShape {
         name: "cnn conv2 13x13 32->64 3x3",
         batch: 128,
-        hw: 13,
+        spatial: &[13, 13],
         c_in: 32,
         c_out: 64,
         k: 3,
@@ -58,7 +62,7 @@ pub const SHAPES: [ConvShape; 5] = [
     ConvShape {
         name: "resnet20 28x28 16->16 3x3",
         batch: 128,
-        hw: 28,
+        spatial: &[28, 28],
         c_in: 16,
         c_out: 16,
         k: 3,
@@ -68,7 +72,7 @@ pub const SHAPES: [ConvShape; 5] = [
     ConvShape {
         name: "resnet20 14x14 32->32 3x3",
         batch: 128,
-        hw: 14,
+        spatial: &[14, 14],
         c_in: 32,
         c_out: 32,
         k: 3,
@@ -78,9 +82,29 @@ pub const SHAPES: [ConvShape; 5] = [
     ConvShape {
         name: "resnet20 7x7 64->64 3x3",
         batch: 128,
-        hw: 7,
+        spatial: &[7, 7],
         c_in: 64,
         c_out: 64,
+        k: 3,
+        stride: 1,
+        same: true,
+    },
+    ConvShape {
+        name: "unet3d 32x56x56 8->8 3x3x3",
+        batch: 2,
+        spatial: &[32, 56, 56],
+        c_in: 8,
+        c_out: 8,
+        k: 3,
+        stride: 1,
+        same: true,
+    },
+    ConvShape {
+        name: "unet3d 32x56x56 24->8 3x3x3",
+        batch: 2,
+        spatial: &[32, 56, 56],
+        c_in: 24,
+        c_out: 8,
         k: 3,
         stride: 1,
         same: true,
@@ -94,18 +118,31 @@ impl ConvShape {
         } else {
             Padding::Valid
         };
+        let each = |v: usize| vec![v; self.spatial.len()];
         Window::new(
-            &[self.hw, self.hw],
-            &[self.k, self.k],
-            &[self.stride, self.stride],
-            &[1, 1],
+            self.spatial,
+            &each(self.k),
+            &each(self.stride),
+            &each(1),
             padding,
         )
     }
 
     /// Floating-point operations of one forward + backward step.
     fn flops(&self, window: &Window) -> f64 {
-        6.0 * (self.batch * window.positions() * self.k * self.k * self.c_in * self.c_out) as f64
+        6.0 * (self.batch * window.positions() * window.taps() * self.c_in * self.c_out) as f64
+    }
+
+    /// The input's dimensions, channels last.
+    fn input_dims(&self) -> Vec<usize> {
+        [&[self.batch], self.spatial, &[self.c_in]].concat()
+    }
+
+    /// The kernel's dimensions.
+    fn kernel_dims(&self) -> Vec<usize> {
+        let mut dims = vec![self.k; self.spatial.len()];
+        dims.extend([self.c_in, self.c_out]);
+        dims
     }
 }
 
@@ -127,8 +164,8 @@ fn uniform(dims: &[usize], dtype: DType, seed: u64) -> Result<Tensor, String> {
 fn operands(shape: &ConvShape, dtype: DType) -> Result<(Window, Tensor, Tensor), String> {
     Ok((
         shape.window()?,
-        uniform(&[shape.batch, shape.hw, shape.hw, shape.c_in], dtype, 1)?,
-        uniform(&[shape.k, shape.k, shape.c_in, shape.c_out], dtype, 2)?,
+        uniform(&shape.input_dims(), dtype, 1)?,
+        uniform(&shape.kernel_dims(), dtype, 2)?,
     ))
 }
 
@@ -184,11 +221,19 @@ threads, shapes, dtype = int(sys.argv[1]), json.loads(sys.argv[2]), getattr(torc
 torch.set_num_threads(threads)
 out = []
 for s in shapes:
-    x = torch.rand(s["batch"], s["c_in"], s["hw"], s["hw"]).to(dtype).requires_grad_()
-    w = torch.rand(s["c_out"], s["c_in"], s["k"], s["k"]).to(dtype).requires_grad_()
+    rank = len(s["spatial"])
+    x = torch.rand(s["batch"], s["c_in"], *s["spatial"]).to(dtype)
+    w = torch.rand(s["c_out"], s["c_in"], *([s["k"]] * rank)).to(dtype)
+    conv = torch.nn.functional.conv2d
+    if rank == 3:
+        conv = torch.nn.functional.conv3d
+        x = x.to(memory_format=torch.channels_last_3d)
+        w = w.to(memory_format=torch.channels_last_3d)
+    x.requires_grad_()
+    w.requires_grad_()
     pad = "same" if s["same"] else 0
     def step():
-        y = torch.nn.functional.conv2d(x, w, stride=s["stride"], padding=pad)
+        y = conv(x, w, stride=s["stride"], padding=pad)
         y.sum().backward()
         x.grad = None
         w.grad = None
@@ -240,8 +285,8 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
             let shapes: Vec<Value> = SHAPES
                 .iter()
                 .map(|s| {
-                    json!({"batch": s.batch, "hw": s.hw, "c_in": s.c_in, "c_out": s.c_out,
-                           "k": s.k, "stride": s.stride, "same": s.same})
+                    json!({"batch": s.batch, "spatial": s.spatial, "c_in": s.c_in,
+                           "c_out": s.c_out, "k": s.k, "stride": s.stride, "same": s.same})
                 })
                 .collect();
             let args: Vec<OsString> = vec![
@@ -286,10 +331,11 @@ pub fn section(threads: usize, quick: bool, no_torch: bool) -> Value {
         }
     }
     json!({
-        "what": "one convolution's forward pass and its input and kernel gradients, batch 128, \
-                 in f32 and in bf16 (operands held in bf16, f32 sums), GFLOP/s counted as \
-                 6 N OH OW KH KW Cin Cout for both; mirra as Conv2D computes it (the \
-                 algorithm it picks), and through its patches (im2col) for comparison; \
+        "what": "one convolution's forward pass and its input and kernel gradients, batch 128 \
+                 (2D) or 2 (3D, PyTorch in channels_last_3d), in f32 and in bf16 (operands \
+                 held in bf16, f32 sums), GFLOP/s counted as 6 N OH OW KH KW Cin Cout (and \
+                 OD KD) for both; mirra as Conv2D or Conv3D computes it (the algorithm it \
+                 picks), and through its patches (im2col) for comparison; \
                  mirra_pass_gflops: each pass timed alone, a third of those operations",
         "threads": threads,
         "bf16_path": mirra::tensor::bf16_matmul_path(),

@@ -109,13 +109,18 @@ fn shifted(
         DType::F32 | DType::F64 => dtype,
         // The bf16 accumulation ablation keeps bf16 running sums: a product of patches.
         DType::BF16 if super::bf16_accumulation::bf16_accumulation_ablation() => return None,
-        // On 16-bit units, bf16 runs on the CPU's own kernels only (gemm has none); where
-        // a pass's width does not fit them, its patches go to the bf16 matrix product.
+        // On 16-bit units, bf16 runs on the CPU's own bf16 kernels (gemm has none); where
+        // a pass's width does not fit them (8 or 24 channels) but fits the f32 kernels, on
+        // those, widened (the same products, f32 sums, one rounding); elsewhere its patches
+        // go to the bf16 matrix product.
         DType::BF16 if super::bf16_gemm::native().is_some() => {
-            if !grid.runs_native(DType::BF16, pass) {
+            if grid.runs_native(DType::BF16, pass) {
+                DType::BF16
+            } else if grid.runs_native(DType::F32, pass) {
+                DType::F32
+            } else {
                 return None;
             }
-            DType::BF16
         }
         // No 16-bit kernels for these: f32 products of the widened operands.
         DType::BF16 | DType::F16 => DType::F32,
@@ -616,14 +621,23 @@ mod tests {
                 xt.conv_kernel_grad(&dyt, &window, &saved).unwrap(),
             ];
             set_conv_algorithm(ConvAlgorithm::Auto);
-            // The widths the CPU's own kernels take: 8 lanes in f32, 16 in bf16.
+            // The widths the CPU's own kernels take: 8 lanes in f32, 16 in bf16; bf16
+            // widths of 8 lanes run widened on the f32 ones.
             let lanes = if dtype == DType::BF16 { 16 } else { 8 };
             let native_forward = native && f % lanes == 0;
+            let f32_kernels = Grid::new(
+                &Window::new(&[4, 4], &[3, 3], &[1, 1], &[1, 1], Padding::Same).unwrap(),
+                1,
+                8,
+                8,
+            )
+            .unwrap()
+            .runs_native(DType::F32, Pass::Forward);
             assert_eq!(
                 matches!(saved.0, Saved::PaddedInput(_)),
-                dtype != DType::BF16 || native_forward,
+                dtype != DType::BF16 || !native || native_forward || (f32_kernels && f % 8 == 0),
                 "the shifted algorithm ran in f32 and f16, and in bf16 where the CPU has its \
-                 kernel"
+                 kernel or the f32 one"
             );
             // One rounding of the result to `dtype` (half a unit: 2^-8 of it in bf16,
             // 2^-11 in f16) where the shifted algorithm ran (f16: in f32); im2col's
@@ -699,10 +713,10 @@ mod tests {
                     crate::set_num_threads(threads);
                     set_conv_algorithm(ConvAlgorithm::Shifted);
                     let (y, saved) = x.conv(&k, &window).unwrap();
+                    let grid = Grid::new(&window, n, c, f).unwrap();
                     let native = dtype != DType::BF16
-                        || Grid::new(&window, n, c, f)
-                            .unwrap()
-                            .runs_native(dtype, Pass::Forward);
+                        || grid.runs_native(dtype, Pass::Forward)
+                        || grid.runs_native(DType::F32, Pass::Forward);
                     assert_eq!(
                         matches!(saved.0, Saved::PaddedInput(_)),
                         native,
