@@ -13,9 +13,10 @@
 //!   BF16, any stride for the output and the kernel gradient) it computes the kept
 //!   positions only and always wins. bf16 takes this path in bf16 only on those kernels,
 //!   and not under the bf16 accumulation ablation (a product of patches). The 16-bit
-//!   floats the CPU has no kernels for (f16; bf16 where the CPU lacks AVX-512 BF16) take
-//!   it in f32, as their matrix products do: operands widened exactly, f32 sums, each
-//!   result rounded once.
+//!   floats the CPU has no kernels for (f16; bf16 where the CPU lacks AVX-512 BF16, and
+//!   bf16 widths its bf16 kernels do not take but the f32 ones do, 8 or 24 channels)
+//!   take it in f32, as their matrix products do: operands widened exactly, f32 sums,
+//!   each result rounded once.
 //!
 //! `Auto` picks by those two figures; [`set_conv_algorithm`] (or
 //! `MIRRA_CONV_ALGORITHM=im2col|shifted|auto`) forces one, for tests and benchmarks. A

@@ -4,11 +4,11 @@
 //! gemm runs a product whose output is 16 columns wide (a 16-filter layer) through its
 //! narrowest micro-kernel, six accumulators of 16 lanes, and reads the output back for
 //! each of the `k1 · k2` products added into it. These kernels hold a block of output
-//! rows in registers across every tap of the window: `R` rows of `16 · NV` columns (up to
-//! 64; wider outputs in groups of 64), each input element broadcast once per block and
-//! multiplied with one row of weights. The output is written once. A group whose width
-//! ends in 8 columns (8-, 24- or 40-filter layers: a 3D U-Net's first level) computes
-//! those 8 on vectors of 8 lanes ([`Lanes`]).
+//! rows in registers across every tap of the window: `R` rows of `NV` vectors of 16 lanes
+//! (up to 64 columns; wider outputs in groups of 64), each input element broadcast once
+//! per block and multiplied with one row of weights. The output is written once. A group
+//! whose width ends in 8 columns (8-, 24- or 40-filter layers: a 3D U-Net's first level)
+//! computes those 8 on vectors of 8 lanes ([`Lanes`]).
 //!
 //! Every output element is the sum over taps, then over the tap's inner index, in that
 //! order, whatever block, chunk or vector width its row and column fall in, so the bits
@@ -38,7 +38,7 @@ pub(super) fn takes(n: usize) -> bool {
 const GROUP: usize = 64;
 
 /// A vector of f32 lanes the kernels compute on: 16 (AVX-512) or 8 (the last 8 columns
-/// of a group; AVX-512 VL's half-width registers).
+/// of a group, on 256-bit registers).
 trait Lanes: Copy {
     /// Its lanes.
     const LANES: usize;
