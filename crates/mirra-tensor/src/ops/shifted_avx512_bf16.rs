@@ -340,8 +340,8 @@ impl Reduction<'_, u16, u32> {
         }
     }
 
-    /// Blocks of `R` inner indices, then the last ones one at a time; `ODD`: runs are of
-    /// odd length.
+    /// The inner indices in blocks of `R`, then of 4, 2 and 1 ([`row_blocks`]), as the
+    /// f32 kernel gradient takes them; `ODD`: runs are of odd length.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     unsafe fn columns<const R: usize, const NV: usize, const ODD: bool>(
         &self,
@@ -349,14 +349,17 @@ impl Reduction<'_, u16, u32> {
         dk: &mut [f32],
         col: usize,
     ) {
-        let full = self.inner / R * R;
-        for i in (0..full).step_by(R) {
+        for (i, rows) in row_blocks(self.inner, R) {
+            let dst = dk[i * self.n + col..].as_mut_ptr();
             // SAFETY: the caller's bounds.
-            unsafe { self.sum::<R, NV, ODD>(pairs, i, dk[i * self.n + col..].as_mut_ptr(), col) };
-        }
-        for i in full..self.inner {
-            // SAFETY: the caller's bounds.
-            unsafe { self.sum::<1, NV, ODD>(pairs, i, dk[i * self.n + col..].as_mut_ptr(), col) };
+            unsafe {
+                match rows {
+                    4 => self.sum::<4, NV, ODD>(pairs, i, dst, col),
+                    2 => self.sum::<2, NV, ODD>(pairs, i, dst, col),
+                    1 => self.sum::<1, NV, ODD>(pairs, i, dst, col),
+                    _ => self.sum::<R, NV, ODD>(pairs, i, dst, col),
+                }
+            }
         }
     }
 
