@@ -931,6 +931,58 @@ fn u8_sums_wrap(run: Runner<'_>) {
     }
 }
 
+/// Two ranks' float sum is one IEEE addition per element, `a + b` bitwise (addition is
+/// commutative, so either order): deterministic mode's all-reduce of the two halves of its
+/// tree relies on it. The values include signed zeros (a sum started at zero turns
+/// `-0 + -0` into `+0`), cancellation of large terms, overflow and small magnitudes; long
+/// enough for every backend to cut it into chunks and slices.
+fn two_ranks_sum_with_one_addition(run: Runner<'_>) {
+    fn input<T: Element + From<f32>>(rank: usize, len: usize) -> Vec<T> {
+        let special = [-0.0f32, 1e8, -1e-40, f32::MAX, 3.0, 0.1, -7.5e-3, 1.0];
+        (0..len)
+            .map(|i| {
+                // Even elements the same value on both ranks (-0 + -0, MAX + MAX), odd
+                // ones different; every fifth negated on rank 1 (cancellation).
+                let x = special[(i * 7 + rank * 3 * (i % 2)) % special.len()];
+                let y = x * (1.0 + (i % 13) as f32 * 0.123_456_7);
+                T::from(if rank == 1 && i % 5 == 0 { -y } else { y })
+            })
+            .collect()
+    }
+    fn check<T: Element + From<f32> + std::ops::Add<Output = T> + Copy + PartialEq>(
+        c: &dyn Communicator,
+        to_bits: fn(T) -> u64,
+    ) -> crate::Result<()> {
+        let len = 10_007;
+        let mut b = buf(&input::<T>(c.rank(), len));
+        c.all_reduce(&mut b, ReduceOp::Sum)?;
+        let (a, other) = (input::<T>(0, len), input::<T>(1, len));
+        // Subnormals under the process's policy, as the reductions apply it.
+        mirra_device::denormals::ensure_this_thread();
+        // The inputs tell one addition from a sum started at zero (`+0 + -0` is `+0`).
+        let zero = T::from(0.0);
+        let shows = |x: T| to_bits(x) != to_bits(zero + x);
+        assert!((0..len).any(|i| shows(a[i] + other[i])), "no -0 + -0");
+        for (i, got) in vals::<T>(&b).into_iter().enumerate() {
+            let want = a[i] + other[i];
+            assert_eq!(
+                to_bits(got),
+                to_bits(want),
+                "element {i} on rank {}",
+                c.rank()
+            );
+        }
+        Ok(())
+    }
+    let results = run(2, &|c| {
+        check::<f32>(c, |x| x.to_bits().into())?;
+        check::<f64>(c, f64::to_bits)
+    });
+    for (r, res) in results {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
 fn bad_arguments(run: Runner<'_>) {
     // Root out of range on every rank, and on one rank only.
     for bad in [None, Some(1)] {
@@ -1477,6 +1529,11 @@ macro_rules! suite {
             }
             #[test]
             $(#[$attr])*
+            fn two_ranks_sum_with_one_addition() {
+                super::two_ranks_sum_with_one_addition(&in_process($backend));
+            }
+            #[test]
+            $(#[$attr])*
             fn a_rank_that_never_calls_times_out_the_others() {
                 deadline($backend);
             }
@@ -1828,6 +1885,7 @@ mod under_mpirun {
         mismatches(&run);
         bad_arguments(&run);
         u8_sums_wrap(&run);
+        two_ranks_sum_with_one_addition(&run);
     }
 
     /// One property case on this rank: its output against the reference, and every

@@ -166,6 +166,16 @@ impl MicroBatches {
         }
     }
 
+    /// The two halves of the root, when two replicas own one each: the top of the tree
+    /// is then one addition, of replica 0's subtree and replica 1's.
+    pub fn halves_of_root(&self) -> Option<(Node, Node)> {
+        if self.replicas != 2 {
+            return None;
+        }
+        let (left, right) = self.root().halves()?;
+        (self.subtrees(0) == [left] && self.subtrees(1) == [right]).then_some((left, right))
+    }
+
     /// The most subtrees any replica owns (how many slots each sends).
     pub fn max_subtrees(&self) -> usize {
         (0..self.replicas)
@@ -362,6 +372,24 @@ mod tests {
         assert_eq!(plan.subtrees(1), vec![node(3, 1), node(4, 2)]);
         assert_eq!(plan.subtrees(2), vec![node(6, 2)]);
         assert_eq!(plan.examples(2), 96..128);
+    }
+
+    #[test]
+    fn two_replicas_owning_one_half_of_the_root_each_are_found() {
+        let node = |first, size| Node { first, size };
+        let halves = |micro, batch, replicas| {
+            MicroBatches::new(micro, batch, replicas)
+                .unwrap()
+                .halves_of_root()
+        };
+        assert_eq!(halves(32, 256, 2), Some((node(0, 4), node(4, 4))));
+        // Seven micro-batches: replica 1's half is short, still one subtree.
+        assert_eq!(halves(1, 7, 2), Some((node(0, 4), node(4, 4))));
+        // Thirteen: replica 0 owns 0..7, more than a half; three replicas; one
+        // micro-batch (replica 1 owns none).
+        assert_eq!(halves(2, 26, 2), None);
+        assert_eq!(halves(32, 256, 3), None);
+        assert_eq!(halves(8, 8, 2), None);
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! slots as the replica that owns the most (slots it does not fill are never read); the
 //! top of the tree is then summed by node, in the same order everywhere ([`sum_across`]),
 //! so every replica holds the bits one replica summing every micro-batch alone would.
+//! When two replicas own one half of the tree each, the top is one addition, and the
+//! group's all-reduce carries it instead (IEEE addition is commutative: any backend's sum
+//! of two buffers has its bits, which the collectives' conformance suite holds each
+//! backend to): the default mode's bytes and copies, not an all-gather's.
 //! The cost against the bucketed all-reduce: nothing overlaps backward, one addition of
 //! the gradients per micro-batch (in place, [`Tensor::accumulate`]), and for large
 //! gradients each replica receives its chunk of every other replica's subtrees
@@ -16,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use mirra_collectives::Communicator;
+use mirra_collectives::{Communicator, ReduceOp};
 use mirra_device::{trace, Buffer, DType, Device};
 use mirra_tensor::{Tensor, TensorError};
 
@@ -262,6 +266,26 @@ pub(crate) fn sum_across(
         Ok(Leaf(tensors))
     };
     let one = |t: Tensor| Leaf(vec![t]);
+    if let Some(pair) = plan.halves_of_root() {
+        // The top is one addition, of rank 0's subtree and rank 1's. IEEE addition is
+        // commutative, so any backend's sum of two buffers has the tree's bits (the
+        // conformance suite holds every backend to it): one all-reduce, in place, carries
+        // the top with the default mode's bytes and copies.
+        let [(node, leaf)] = &own[..] else {
+            return Err(StrategyError::Invalid(format!(
+                "deterministic mode: rank {rank} holds {} subtrees, its plan one",
+                own.len()
+            )));
+        };
+        debug_assert_eq!(*node, [pair.0, pair.1][rank]);
+        let _span = trace::span("comm", "all-reduce the two halves of the tree");
+        let mut flat = Buffer::alloc(dtype, len, Device::Cpu).map_err(TensorError::from)?;
+        let tensors = leaf.0.iter().map(Tensor::contiguous);
+        let tensors = tensors.collect::<std::result::Result<Vec<_>, _>>()?;
+        copy_flat(&tensors, 0..len, &mut flat, 0)?;
+        comm.all_reduce(&mut flat, ReduceOp::Sum)?;
+        return shaped(&Tensor::from_buffer(flat, &[len])?);
+    }
     // This rank's subtrees as contiguous tensors (a transposed gradient copied once).
     let own: Vec<(Node, Vec<Tensor>)> = own
         .into_iter()
