@@ -12,8 +12,10 @@
 //! The driver packs B once ([`bf16_pack`](super::bf16_pack)) and splits A's blocks of
 //! `MR` rows across the kernel threads; each takes its blocks in groups whose f32 sums
 //! fit in L2, and for each pass of k (as much of B as fits in L2 beside them) packs each
-//! block of A over the pass and runs the kernel over its `MR x 32` sums, A's block reused
-//! from L1 across the columns; then it rounds the group's sums to bf16. Only B is packed
+//! block of A over the pass (the next block's rows prefetched meanwhile) and runs the
+//! kernel over its `MR x 32` sums, A's block reused from L1 across the columns; the last
+//! pass rounds each block of sums to bf16 as the kernel leaves it in L1 (AVX-512 BW; else
+//! the group's sums after it). Only B is packed
 //! whole: A's padding and the f32 sums of a tall product (a convolution's `[N*H*W, k]`
 //! patches) never go to memory. Packed operands and sums
 //! stay allocated on their threads between products.
@@ -28,7 +30,9 @@ use mirra_device::FloatElement;
 use super::amx::Amx;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16::Avx512Bf16;
-use super::bf16_pack::{BlockKernel, Operand, PackedA, PackedB, K_STEP, NR, PANEL};
+use super::bf16_pack::{
+    BlockKernel, Operand, PackedA, PackedB, PrefetchA, RowBlock, K_STEP, NR, PANEL,
+};
 use crate::threads::ensure_rayon_pool;
 
 /// Bytes of B one pass over k covers, and of the sums of one group of row blocks: with
@@ -256,6 +260,9 @@ fn blocks<K: BlockKernel>(
     } else {
         (PASS_BYTES / (mr * ldc * 4)).max(1)
     };
+    // Sums rounded to bf16 block by block as the last pass leaves them, still in L1
+    // ([`round_block`]), where the CPU has the instructions; else group by group after it.
+    let fused = rounds_blocks();
     // Row blocks `first..` whose rows of `out` are `out_part`.
     let run = |first: usize, out_part: &mut [bf16]| {
         with_scratch(|s| {
@@ -266,12 +273,26 @@ fn blocks<K: BlockKernel>(
             for (g, out_rows) in out_part.chunks_mut(group * mr * n).enumerate() {
                 let first_block = first + g * group;
                 let blocks = (out_rows.len() / n).div_ceil(mr);
+                let rows = out_rows.len() / n;
                 for pc in (0..kp).step_by(kc) {
                     let k_range = (pc, (pc + kc).min(kp));
+                    let last = k_range.1 == kp;
                     for b in 0..blocks {
-                        s.a.pack_block(a, (first_block + b) * mr, m, k, mr, k_range);
+                        let block = |first| RowBlock {
+                            a,
+                            first,
+                            m,
+                            k,
+                            mr,
+                            k_range,
+                        };
+                        s.a.pack_block(block((first_block + b) * mr));
                         let sums = s.c[b * mr * ldc..].as_mut_ptr();
+                        // The next block's rows of A on their way while this one runs.
+                        let next = (first_block + b + 1) * mr;
+                        let mut prefetch = PrefetchA::new(block(next), np / NR);
                         for j in (0..np).step_by(NR) {
+                            prefetch.step();
                             // SAFETY: `s.a` is a block of `mr = K::MR` rows packed over
                             // `k_range`; `pb` holds panels `j / PANEL` and the next (`j + NR
                             // <= np`) over `0..kp`, which holds `k_range` (ends on
@@ -289,8 +310,23 @@ fn blocks<K: BlockKernel>(
                                     pc > 0,
                                 );
                             }
+                            if fused && last {
+                                let out = &mut out_rows[b * mr * n + j..];
+                                let (rows, cols) = ((rows - b * mr).min(mr), (n - j).min(NR));
+                                // SAFETY: `rounds_blocks` saw AVX-512 F and BW; the block's
+                                // sums are `rows x cols` at `sums + j`, `ldc` apart, and
+                                // `out` holds `(rows - 1) * n + cols` values from its
+                                // start (row `b * mr`, column `j < n` of the group's rows).
+                                #[cfg(target_arch = "x86_64")]
+                                unsafe {
+                                    round_block(sums.add(j), ldc, out, n, rows, cols)
+                                };
+                            }
                         }
                     }
+                }
+                if fused {
+                    continue;
                 }
                 let sums = &s.c;
                 mirra_device::vectorize(
@@ -321,6 +357,81 @@ fn blocks<K: BlockKernel>(
             s.spawn(move |_| run(t * per, out_part));
         }
     });
+}
+
+/// Whether [`round_block`] runs here.
+fn rounds_blocks() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Rounds `rows` rows of `cols` (at most [`NR`]) f32 sums, `ldc` apart, to bf16 into
+/// `out` (rows `n` apart), bit for bit as the other paths' `bf16::from_acc`: to nearest
+/// even by integer arithmetic, subnormals kept, NaN made quiet.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; `sums` holds `rows` rows of `cols` f32, `ldc` apart;
+/// `out` holds `(rows - 1) * n + cols` values, `cols <= n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn round_block(
+    sums: *const f32,
+    ldc: usize,
+    out: &mut [bf16],
+    n: usize,
+    rows: usize,
+    cols: usize,
+) {
+    use std::arch::x86_64::{
+        __m512i, __mmask16, _mm512_add_epi32, _mm512_and_si512, _mm512_cmpgt_epu32_mask,
+        _mm512_loadu_si512, _mm512_mask_cvtepi32_storeu_epi16, _mm512_mask_mov_epi32,
+        _mm512_maskz_loadu_epi32, _mm512_or_si512, _mm512_permutex2var_epi16, _mm512_set1_epi32,
+        _mm512_srli_epi32, _mm512_storeu_si512,
+    };
+    debug_assert!(cols <= NR && cols <= n && rows >= 1);
+    assert!(out.len() >= (rows - 1) * n + cols);
+    let out = out.as_mut_ptr().cast::<i16>();
+    // Each lane's bf16 in its upper half: the f32 bits plus just under half a unit plus
+    // the kept part's lowest bit, or a NaN's bits with the quiet bit set.
+    let upper = |v: __m512i| {
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(v), _mm512_set1_epi32(1));
+        let rounded = _mm512_add_epi32(v, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+        let magnitude = _mm512_and_si512(v, _mm512_set1_epi32(0x7fff_ffff));
+        let nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7f80_0000));
+        let quiet = _mm512_or_si512(v, _mm512_set1_epi32(0x0040_0000));
+        _mm512_mask_mov_epi32(rounded, nan, quiet)
+    };
+    // The upper words of two vectors of 16 lanes, in order: 32 bf16.
+    let mut odd = [0u16; 32];
+    for (j, w) in odd.iter_mut().enumerate() {
+        *w = (2 * j + 1) as u16;
+    }
+    // SAFETY: a load of the 64 bytes of a local array.
+    let odd = unsafe { _mm512_loadu_si512(odd.as_ptr().cast()) };
+    for r in 0..rows {
+        let (row, dst) = (sums.wrapping_add(r * ldc), out.wrapping_add(r * n));
+        // SAFETY: columns `..cols` of row `r` of both (the contract); masked lanes are
+        // neither read nor written.
+        unsafe {
+            if cols == NR {
+                let lo = upper(_mm512_loadu_si512(row.cast()));
+                let hi = upper(_mm512_loadu_si512(row.add(16).cast()));
+                _mm512_storeu_si512(dst.cast(), _mm512_permutex2var_epi16(lo, odd, hi));
+                continue;
+            }
+            for c0 in (0..cols).step_by(16) {
+                let lanes = (cols - c0).min(16);
+                let mask: __mmask16 = (u32::MAX >> (32 - lanes)) as u16;
+                let v = upper(_mm512_maskz_loadu_epi32(mask, row.add(c0).cast()));
+                let bits = _mm512_srli_epi32::<16>(v);
+                _mm512_mask_cvtepi32_storeu_epi16(dst.add(c0), mask, bits);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -500,6 +611,60 @@ mod tests {
                 verify(&out, &da, &db, m, k, n).is_err(),
                 "{name}: a product missing a step passed the check"
             );
+        }
+    }
+
+    /// The kernels' rounding of a block rounds as `bf16::from_acc` does, bit for bit (ties
+    /// both ways, subnormals, infinities, NaN with and without the quiet bit), on whole
+    /// and partial blocks, and writes nothing outside the block.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn blocks_round_as_the_scalar_rounding_does() {
+        if !rounds_blocks() {
+            eprintln!("round_block not tested here: no AVX-512 BW");
+            return;
+        }
+        let specials = [
+            0x3f80_8000u32, // a tie, kept part even: down
+            0x3f81_8000,    // a tie, kept part odd: up
+            0x3f80_8001,
+            0x3f80_7fff,
+            0x0000_0001, // subnormal
+            0x807f_ffff,
+            0x7f7f_ffff, // rounds to infinity
+            0x7f80_0000,
+            0xff80_0000,
+            0x7f80_0001, // signalling NaN: made quiet
+            0xffc0_1234,
+            0x8000_0000,
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u32
+        };
+        let (ldc, n) = (NR + 16, 40);
+        for (rows, cols) in [(12, 32), (1, 32), (5, 17), (12, 16), (3, 7), (2, 1)] {
+            let sums: Vec<f32> = (0..rows * ldc)
+                .map(|i| f32::from_bits(specials.get(i % 97).copied().unwrap_or_else(&mut next)))
+                .collect();
+            let sentinel = bf16::from_bits(0x5555);
+            let mut out = vec![sentinel; rows * n];
+            // SAFETY: AVX-512 BW is here; `sums` holds `rows` rows of `ldc >= cols`, `out`
+            // `rows` rows of `n >= cols`.
+            unsafe { round_block(sums.as_ptr(), ldc, &mut out, n, rows, cols) };
+            for r in 0..rows {
+                for c in 0..n {
+                    let got = out[r * n + c].to_bits();
+                    let want = match c < cols {
+                        true => bf16::from_acc(sums[r * ldc + c]).to_bits(),
+                        false => sentinel.to_bits(),
+                    };
+                    assert_eq!(got, want, "row {r}, column {c} of {rows} x {cols}");
+                }
+            }
         }
     }
 

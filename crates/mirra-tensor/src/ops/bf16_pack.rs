@@ -39,20 +39,30 @@ pub(super) struct PackedA {
     k_end: usize,
 }
 
+/// Rows `first..first + mr` of the `m x k` operand `a` (those below `m`; the rest are
+/// zeros) over k in `k_range` (multiples of [`K_STEP`]; k's from `k` on are zeros): one
+/// block of A, as [`PackedA::pack_block`] packs it and [`PrefetchA`] fetches it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RowBlock<'a> {
+    pub(super) a: Operand<'a>,
+    pub(super) first: usize,
+    pub(super) m: usize,
+    pub(super) k: usize,
+    pub(super) mr: usize,
+    pub(super) k_range: (usize, usize),
+}
+
 impl PackedA {
-    /// Packs rows `first..first + mr` of the `m x k` operand `a` (those below `m`; the rest
-    /// are zeros) over k in `k0..k1` (multiples of [`K_STEP`]; k's from `k` on are zeros),
-    /// reusing this allocation.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn pack_block(
-        &mut self,
-        a: Operand<'_>,
-        first: usize,
-        m: usize,
-        k: usize,
-        mr: usize,
-        (k0, k1): (usize, usize),
-    ) {
+    /// Packs `block`, reusing this allocation.
+    pub(super) fn pack_block(&mut self, block: RowBlock<'_>) {
+        let RowBlock {
+            a,
+            first,
+            m,
+            k,
+            mr,
+            k_range: (k0, k1),
+        } = block;
         debug_assert!(k0.is_multiple_of(K_STEP) && k1.is_multiple_of(K_STEP) && k0 < k1);
         let len = mr * (k1 - k0);
         self.mr = mr;
@@ -96,6 +106,70 @@ impl PackedA {
     pub(super) fn at(&self, k0: usize) -> *const u16 {
         debug_assert!(k0.is_multiple_of(K_STEP) && (self.k_start..self.k_end).contains(&k0));
         self.data[(k0 - self.k_start) * self.mr..].as_ptr()
+    }
+}
+
+/// The rows of A one [`PackedA::pack_block`] will read, brought toward L1 a few cache
+/// lines at a time ([`step`](Self::step)) while the block before is multiplied: a block's
+/// rows lie a row stride apart in memory, runs too short for the hardware's prefetchers
+/// to hide the first lines' latency. Rows in memory order only; a hint, never a fault.
+pub(super) struct PrefetchA {
+    base: *const u16,
+    row_stride: usize,
+    lines_per_row: usize,
+    rows_left: usize,
+    line: usize,
+    per_step: usize,
+}
+
+impl PrefetchA {
+    /// The lines of `block` (rows below its `m`, k below its `k`), spread over `steps`
+    /// calls of [`step`](Self::step).
+    pub(super) fn new(block: RowBlock<'_>, steps: usize) -> PrefetchA {
+        let RowBlock {
+            a,
+            first,
+            m,
+            k,
+            mr,
+            k_range: (k0, k1),
+        } = block;
+        let (rows, ks) = (m.saturating_sub(first).min(mr), k0.min(k)..k1.min(k));
+        let useful = a.col_stride == 1 && rows > 0 && !ks.is_empty();
+        // 32 bf16 per 64-byte line.
+        let lines_per_row = ks.len().div_ceil(32);
+        let start = a.offset + first * a.row_stride + ks.start;
+        PrefetchA {
+            base: a.data.as_ptr().wrapping_add(start),
+            row_stride: a.row_stride,
+            lines_per_row,
+            rows_left: if useful { rows } else { 0 },
+            line: 0,
+            per_step: (rows * lines_per_row).div_ceil(steps.max(1)),
+        }
+    }
+
+    /// The next few lines.
+    #[inline(always)]
+    pub(super) fn step(&mut self) {
+        for _ in 0..self.per_step {
+            if self.rows_left == 0 {
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch loads nothing and never faults; the address is inside
+            // `a`'s rows anyway (a line of a row below `m`, over k below `k`).
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                _mm_prefetch::<_MM_HINT_T0>(self.base.wrapping_add(self.line * 32).cast());
+            }
+            self.line += 1;
+            if self.line == self.lines_per_row {
+                self.line = 0;
+                self.rows_left -= 1;
+                self.base = self.base.wrapping_add(self.row_stride);
+            }
+        }
     }
 }
 
@@ -248,11 +322,24 @@ fn interleave_rows(
     pairs: usize,
     panels: &mut [&mut [u16]],
 ) {
+    // Whole pairs of rows, in whole pairs of panels, on AVX-512's word permutes: (pairs,
+    // panels) done.
+    #[allow(unused_mut)]
+    let mut whole = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512bw() {
+        let rows = k.saturating_sub(2 * first_pair) / 2;
+        whole = (rows.min(pairs), n / NR * 2);
+        // SAFETY: the CPU has AVX-512 F and BW; the rows and panels are in bounds (below).
+        unsafe { interleave_whole(b, first_pair, whole.0, &mut panels[..whole.1]) };
+    }
     for pair in 0..pairs {
         let p = 2 * (first_pair + pair);
         let row = |p: usize| (p < k).then(|| &b.data[b.offset + p * b.row_stride..][..n]);
         let (first, second) = (row(p), row(p + 1));
-        for (q, panel) in panels.iter_mut().enumerate() {
+        // The pairs and panels the word permutes did.
+        let done = if pair < whole.0 { whole.1 } else { 0 };
+        for (q, panel) in panels.iter_mut().enumerate().skip(done) {
             let dst = &mut panel[pair * 2 * PANEL..][..2 * PANEL];
             let cols = (q * PANEL).min(n)..((q + 1) * PANEL).min(n);
             let (x, y) = (
@@ -279,6 +366,70 @@ fn interleave_rows(
                         dst[2 * j + 1] = v;
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Whether this CPU has AVX-512 BW (the word permutes of [`interleave_nr`]).
+#[cfg(target_arch = "x86_64")]
+fn has_avx512bw() -> bool {
+    std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+/// Pairs of rows `first_pair..first_pair + pairs` of `b` (all below its k) interleaved
+/// into `panels` (whole pairs of panels, all below its n), a pair of panels at a time so
+/// that each panel is written in order: `left` gets `x[0], y[0], .., x[15], y[15]` of the
+/// pair's rows `x`, `y`, `right` the same of the next 16 columns.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW; rows `2 * first_pair..2 * (first_pair + pairs)` of `b`
+/// exist and hold `panels.len() * PANEL` columns; each panel holds `pairs` pairs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn interleave_whole(
+    b: Operand<'_>,
+    first_pair: usize,
+    pairs: usize,
+    panels: &mut [&mut [u16]],
+) {
+    use std::arch::x86_64::{_mm512_loadu_si512, _mm512_permutex2var_epi16, _mm512_storeu_si512};
+    // Word `2j` of the result is `x[j]`, word `2j + 1` is `y[j]` (index bit 5: the second
+    // source), for j in 0..16 (left) and 16..32 (right).
+    let index = |from: u16| {
+        let mut i = [0u16; 32];
+        for j in 0..16 {
+            i[2 * j] = from + j as u16;
+            i[2 * j + 1] = 32 + from + j as u16;
+        }
+        i
+    };
+    let (lo, hi) = (index(0), index(16));
+    // SAFETY: loads of 64 bytes at columns `q * NR..(q + 1) * NR` of rows below k (the
+    // contract), stores of 64 bytes at pair `pair` of each panel (`pair < pairs`).
+    unsafe {
+        let (ilo, ihi) = (
+            _mm512_loadu_si512(lo.as_ptr().cast()),
+            _mm512_loadu_si512(hi.as_ptr().cast()),
+        );
+        for (q, two) in panels.chunks_exact_mut(2).enumerate() {
+            let [left, right] = two else { unreachable!() };
+            assert!(left.len() >= pairs * 2 * PANEL && right.len() >= pairs * 2 * PANEL);
+            let first = b.offset + 2 * first_pair * b.row_stride + q * NR;
+            assert!(pairs == 0 || first + (2 * pairs - 1) * b.row_stride + NR <= b.data.len());
+            let row = b.data.as_ptr().add(first);
+            for pair in 0..pairs {
+                let x = _mm512_loadu_si512(row.add(2 * pair * b.row_stride).cast());
+                let y = _mm512_loadu_si512(row.add((2 * pair + 1) * b.row_stride).cast());
+                let at = pair * 2 * PANEL;
+                _mm512_storeu_si512(
+                    left.as_mut_ptr().add(at).cast(),
+                    _mm512_permutex2var_epi16(x, ilo, y),
+                );
+                _mm512_storeu_si512(
+                    right.as_mut_ptr().add(at).cast(),
+                    _mm512_permutex2var_epi16(x, ihi, y),
+                );
             }
         }
     }
