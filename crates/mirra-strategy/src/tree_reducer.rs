@@ -266,26 +266,6 @@ pub(crate) fn sum_across(
         Ok(Leaf(tensors))
     };
     let one = |t: Tensor| Leaf(vec![t]);
-    if let Some(pair) = plan.halves_of_root() {
-        // The top is one addition, of rank 0's subtree and rank 1's. IEEE addition is
-        // commutative, so any backend's sum of two buffers has the tree's bits (the
-        // conformance suite holds every backend to it): one all-reduce, in place, carries
-        // the top with the default mode's bytes and copies.
-        let [(node, leaf)] = &own[..] else {
-            return Err(StrategyError::Invalid(format!(
-                "deterministic mode: rank {rank} holds {} subtrees, its plan one",
-                own.len()
-            )));
-        };
-        debug_assert_eq!(*node, [pair.0, pair.1][rank]);
-        let _span = trace::span("comm", "all-reduce the two halves of the tree");
-        let mut flat = Buffer::alloc(dtype, len, Device::Cpu).map_err(TensorError::from)?;
-        let tensors = leaf.0.iter().map(Tensor::contiguous);
-        let tensors = tensors.collect::<std::result::Result<Vec<_>, _>>()?;
-        copy_flat(&tensors, 0..len, &mut flat, 0)?;
-        comm.all_reduce(&mut flat, ReduceOp::Sum)?;
-        return shaped(&Tensor::from_buffer(flat, &[len])?);
-    }
     // This rank's subtrees as contiguous tensors (a transposed gradient copied once).
     let own: Vec<(Node, Vec<Tensor>)> = own
         .into_iter()
@@ -295,6 +275,23 @@ pub(crate) fn sum_across(
             Ok((node, tensors.collect::<std::result::Result<_, _>>()?))
         })
         .collect::<Result<_>>()?;
+    if plan.halves_of_root().is_some() {
+        // The top is one addition, of rank 0's subtree and rank 1's. IEEE addition is
+        // commutative, so any backend's sum of two buffers has the tree's bits (the
+        // conformance suite holds every backend to it): one all-reduce, in place, carries
+        // the top with the default mode's bytes and copies.
+        let [(_, tensors)] = &own[..] else {
+            return Err(StrategyError::Invalid(format!(
+                "deterministic mode: rank {rank} holds {} subtrees, its plan one",
+                own.len()
+            )));
+        };
+        let _span = trace::span("comm", "all-reduce the two halves of the tree");
+        let mut flat = Buffer::alloc(dtype, len, Device::Cpu).map_err(TensorError::from)?;
+        copy_flat(tensors, 0..len, &mut flat, 0)?;
+        comm.all_reduce(&mut flat, ReduceOp::Sum)?;
+        return shaped(&Tensor::from_buffer(flat, &[len])?);
+    }
     if len < CHUNKED_TOP_MIN * world {
         let all = all_gather("all-gather the tree's subtrees", slots * len, &|send| {
             for (j, (_, tensors)) in own.iter().enumerate() {

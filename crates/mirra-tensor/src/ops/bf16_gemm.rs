@@ -31,7 +31,7 @@ use super::amx::Amx;
 #[cfg(target_arch = "x86_64")]
 use super::avx512_bf16::Avx512Bf16;
 use super::bf16_pack::{
-    BlockKernel, Operand, PackedA, PackedB, PrefetchA, RowBlock, K_STEP, NR, PANEL,
+    has_avx512bw, BlockKernel, Operand, PackedA, PackedB, PrefetchA, RowBlock, K_STEP, NR, PANEL,
 };
 use crate::threads::ensure_rayon_pool;
 
@@ -262,7 +262,7 @@ fn blocks<K: BlockKernel>(
     };
     // Sums rounded to bf16 block by block as the last pass leaves them, still in L1
     // ([`round_block`]), where the CPU has the instructions; else group by group after it.
-    let fused = rounds_blocks();
+    let fused = has_avx512bw();
     // Row blocks `first..` whose rows of `out` are `out_part`.
     let run = |first: usize, out_part: &mut [bf16]| {
         with_scratch(|s| {
@@ -272,8 +272,8 @@ fn blocks<K: BlockKernel>(
             kernel.begin();
             for (g, out_rows) in out_part.chunks_mut(group * mr * n).enumerate() {
                 let first_block = first + g * group;
-                let blocks = (out_rows.len() / n).div_ceil(mr);
                 let rows = out_rows.len() / n;
+                let blocks = rows.div_ceil(mr);
                 for pc in (0..kp).step_by(kc) {
                     let k_range = (pc, (pc + kc).min(kp));
                     let last = k_range.1 == kp;
@@ -313,7 +313,7 @@ fn blocks<K: BlockKernel>(
                             if fused && last {
                                 let out = &mut out_rows[b * mr * n + j..];
                                 let (rows, cols) = ((rows - b * mr).min(mr), (n - j).min(NR));
-                                // SAFETY: `rounds_blocks` saw AVX-512 F and BW; the block's
+                                // SAFETY: `has_avx512bw` saw AVX-512 BW (and so F); the block's
                                 // sums are `rows x cols` at `sums + j`, `ldc` apart, and
                                 // `out` holds `(rows - 1) * n + cols` values from its
                                 // start (row `b * mr`, column `j < n` of the group's rows).
@@ -357,16 +357,6 @@ fn blocks<K: BlockKernel>(
             s.spawn(move |_| run(t * per, out_part));
         }
     });
-}
-
-/// Whether [`round_block`] runs here.
-fn rounds_blocks() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512bw")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// Rounds `rows` rows of `cols` (at most [`NR`]) f32 sums, `ldc` apart, to bf16 into
@@ -620,7 +610,7 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn blocks_round_as_the_scalar_rounding_does() {
-        if !rounds_blocks() {
+        if !has_avx512bw() {
             eprintln!("round_block not tested here: no AVX-512 BW");
             return;
         }

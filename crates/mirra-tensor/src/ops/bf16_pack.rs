@@ -371,10 +371,15 @@ fn interleave_rows(
     }
 }
 
-/// Whether this CPU has AVX-512 BW (the word permutes of [`interleave_nr`]).
-#[cfg(target_arch = "x86_64")]
-fn has_avx512bw() -> bool {
-    std::arch::is_x86_feature_detected!("avx512bw")
+/// Whether this CPU has AVX-512 BW: the word permutes of [`interleave_whole`] and of the
+/// driver's rounding (`bf16_gemm::round_block`).
+pub(super) fn has_avx512bw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bw")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Pairs of rows `first_pair..first_pair + pairs` of `b` (all below its k) interleaved
