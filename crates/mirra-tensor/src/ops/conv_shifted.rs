@@ -20,9 +20,12 @@
 //! computed and dropped: `grid rows / output positions` more work, which is why
 //! `convolution` takes this path only for shapes where that is small.
 //!
-//! Rows are cut into fixed chunks (not one per thread), each chunk's products run on one
-//! thread, and the kernel gradient sums its chunks' partial sums in chunk order, so the
-//! result has the same bits for any thread count.
+//! Rows are cut into chunks, each chunk's products run on one thread. An output element
+//! of the forward pass or the input gradient is computed within one chunk, so those
+//! chunks come in a multiple of the thread count (each thread takes as many); the kernel
+//! gradient sums its chunks' partial sums in chunk order, so its chunks are fixed (a
+//! multiple of 4, not of the threads), and the result has the same bits for any thread
+//! count.
 
 use mirra_device::{vectorize, Buffer, Device, Element};
 
@@ -40,6 +43,9 @@ impl Float for f64 {}
 /// Output elements per chunk of grid rows: a chunk's output (and its rows of the input)
 /// stays in the core's cache while its `k1 · k2` products add into it.
 const CHUNK_ELEMS: usize = 1 << 16;
+
+/// The kernel gradient's chunks of runs come in multiples of this many.
+const KERNEL_GRAD_CHUNKS: usize = 4;
 
 /// Runs of positions (their grid starts and first rows) and the output rows they fill.
 #[cfg(target_arch = "x86_64")]
@@ -225,12 +231,16 @@ impl Grid {
             .enumerate()
             .collect();
         for_each_split(images, work, &|(b, image): (usize, &mut [T])| {
-            image.fill(T::default());
             let src = &src[b * block..(b + 1) * block];
+            // Each element written once: the zeros before each run (runs go in grid
+            // order), the run, and the zeros after the last.
+            let mut end = 0;
             for &(start, first) in &runs {
-                image[start * ch..start * ch + run]
-                    .copy_from_slice(&src[first * ch..first * ch + run]);
+                image[end..start * ch].fill(T::default());
+                end = start * ch + run;
+                image[start * ch..end].copy_from_slice(&src[first * ch..first * ch + run]);
             }
+            image[end..].fill(T::default());
         });
     }
 
@@ -354,8 +364,9 @@ impl Grid {
 
     /// [`shifted_products`](Grid::shifted_products) on this CPU's own kernels, for the
     /// positions of `size` at `i · step + at` only (no grid positions outside them): `dst`
-    /// is `[n, size.., dst_ch]`, filled run by run by `rows(grid start, run's rows)`, each
-    /// output element costing `inner` multiply-adds per tap pair.
+    /// is `[n, size.., dst_ch]`, filled run by run by `rows(grid start, run's rows)` (runs
+    /// that continue one another as one), each output element costing `inner`
+    /// multiply-adds per tap pair.
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
     fn native_products<E: Send>(
@@ -370,16 +381,39 @@ impl Grid {
     ) {
         let len = size[2];
         let runs = self.run_starts(size, at, step);
-        let per = self.runs_per_chunk(len, dst_ch.max(src_ch));
+        // Chunks in a multiple of the kernel threads, so that each takes as many (7 of a
+        // size for 2 threads would keep one waiting an eighth of the time): each output
+        // element is computed within one chunk, so the cut changes no bit.
+        let per = even_chunks(
+            runs.len(),
+            self.runs_per_chunk(len, dst_ch.max(src_ch)),
+            crate::num_threads(),
+        );
         let work = dst.len() * inner * self.kernel[0] * self.kernel[1];
         let chunks: Vec<RunsInto<'_, E>> = runs
             .chunks(per)
             .zip(dst.chunks_mut(per * len * dst_ch))
             .collect();
-        for_each_split(chunks, work, &|(runs, out): RunsInto<'_, E>| {
+        // A run's grid span: the next run continues it when it starts there.
+        let span = len * step[2];
+        for_each_split(chunks, work, &|(runs, mut out): RunsInto<'_, E>| {
             mirra_device::denormals::ensure_this_thread();
-            for (&(start, _), out) in runs.iter().zip(out.chunks_mut(len * dst_ch)) {
-                rows(start, out);
+            // Runs that continue one another on the grid (a valid convolution's input
+            // gradient: an image's rows back to back, and the next image's after them)
+            // go to `rows` as one, so its row blocks are as tall as its kernels take
+            // rather than cut at each image row (13 rows: blocks of 4, 4, 4 and 1 where
+            // the kernel holds 14). Every output element is summed in one order whatever
+            // block it falls in, so the bits are the same.
+            let mut first = 0;
+            while first < runs.len() {
+                let mut end = first + 1;
+                while end < runs.len() && runs[end].0 == runs[end - 1].0 + span {
+                    end += 1;
+                }
+                let (joined, rest) = out.split_at_mut((end - first) * len * dst_ch);
+                rows(runs[first].0, joined);
+                out = rest;
+                first = end;
             }
         });
     }
@@ -433,7 +467,13 @@ impl Grid {
     ) -> Result<()> {
         let runs = self.run_starts(self.output, [0; 3], self.stride);
         let len = self.output[2];
-        let per = self.runs_per_chunk(len, self.c.max(self.f));
+        // The chunks are summed in order, so their cut must not depend on the thread
+        // count: a multiple of 4 of them, which 1, 2 and 4 kernel threads share evenly.
+        let per = even_chunks(
+            runs.len(),
+            self.runs_per_chunk(len, self.c.max(self.f)),
+            KERNEL_GRAD_CHUNKS,
+        );
         let size = self.kernel[2] * self.c * self.f;
         let work = self.n * self.output.iter().product::<usize>() * dk.len();
         self.sum_chunks(dk, runs.chunks(per).collect(), work, |runs, part| {
@@ -670,6 +710,17 @@ impl Grid {
     }
 }
 
+/// Items per chunk when `items` are cut into chunks of at most `most`: as many chunks as
+/// the next multiple of `parts` (fewer only where there are fewer items), as even as
+/// whole items allow.
+fn even_chunks(items: usize, most: usize, parts: usize) -> usize {
+    let chunks = items
+        .div_ceil(most.max(1))
+        .max(1)
+        .next_multiple_of(parts.max(1));
+    items.div_ceil(chunks).max(1)
+}
+
 /// A pooled host buffer of `len` 32-bit words (as `I32`; the bf16 kernels' packed pairs
 /// are `u32`s).
 #[cfg(target_arch = "x86_64")]
@@ -751,5 +802,27 @@ fn product<T: Float>(
             false,
             gemm::Parallelism::None,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::even_chunks;
+
+    /// Chunks no larger than asked, as many as a multiple of the parts, every item in one.
+    #[test]
+    fn even_chunks_come_in_a_multiple_of_the_parts() {
+        for (items, most, parts) in [(896, 146, 2), (896, 146, 4), (7, 100, 4), (1664, 78, 3)] {
+            let per = even_chunks(items, most, parts);
+            let chunks = items.div_ceil(per);
+            assert!(per <= most, "{items} {most} {parts}: {per}");
+            assert_eq!(chunks % parts, 0, "{items} {most} {parts}: {chunks} chunks");
+        }
+        // 7 chunks of 146 (the 7x7 layer's runs at batch 128) become 8 of 112.
+        assert_eq!(even_chunks(896, 146, 2), 112);
+        // Nothing to cut, or less than one part each: one item a chunk, never zero.
+        assert_eq!(even_chunks(0, 146, 2), 1);
+        assert_eq!(even_chunks(3, 0, 1), 1);
+        assert_eq!(even_chunks(9, 1, 4), 1);
     }
 }

@@ -582,6 +582,11 @@ mod tests {
             (5, 16, 80, 1, unit, Padding::Same),
             (4, 96, 128, 1, unit, Padding::Same),
             (7, 1, 16, 2, unit, Padding::Valid),
+            // Valid windows of stride 1, whose input gradient's runs (an image's rows, then
+            // the next image's) continue one another and run as one: over three images,
+            // and over 30 images of 12x13, where a chunk of runs ends inside an image.
+            (13, 32, 64, 3, unit, Padding::Valid),
+            (12, 16, 16, 30, unit, Padding::Valid),
             (6, 80, 8, 1, unit, Padding::Same),
             // Widths ending in 8 columns (f32's half-width vectors; bf16's im2col): alone,
             // after whole vectors, after a whole group, and strided.
@@ -689,14 +694,18 @@ mod tests {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             // Whole vectors, and a width ending in f32's half-width ones.
             for (c, f) in [(16, 16), (8, 24)] {
-                shifted_results_keep_their_bits(dtype, c, f);
+                shifted_results_keep_their_bits(dtype, c, f, Padding::Same);
             }
+            // A valid window: the input gradient's runs continue one another and run as
+            // one, across the chunks the threads share.
+            shifted_results_keep_their_bits(dtype, 32, 16, Padding::Valid);
         }
     }
 
-    fn shifted_results_keep_their_bits(dtype: DType, c: usize, f: usize) {
-        let window = Window::new(&[28, 28], &[3, 3], &[1, 1], &[1, 1], Padding::Same).unwrap();
+    fn shifted_results_keep_their_bits(dtype: DType, c: usize, f: usize, padding: Padding) {
+        let window = Window::new(&[28, 28], &[3, 3], &[1, 1], &[1, 1], padding).unwrap();
         let n = 8;
+        let out = window.positions();
         let tensor = |len: usize, seed: u64, dims: &[usize]| {
             let v: Vec<f32> = values(len, seed).into_iter().map(|v| v as f32).collect();
             Tensor::from_slice(&v, dims, Device::Cpu)
@@ -706,7 +715,8 @@ mod tests {
         };
         let x = tensor(n * 784 * c, 1, &[n, 28, 28, c]);
         let k = tensor(9 * c * f, 2, &[3, 3, c, f]);
-        let dy = tensor(n * 784 * f, 3, &[n, 28, 28, f]);
+        let side = window.output()[0];
+        let dy = tensor(n * out * f, 3, &[n, side, window.output()[1], f]);
         let results = |threads: usize| {
             std::thread::spawn({
                 let (x, k, dy) = (x.clone(), k.clone(), dy.clone());
