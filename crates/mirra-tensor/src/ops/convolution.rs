@@ -705,7 +705,6 @@ mod tests {
     fn shifted_results_keep_their_bits(dtype: DType, c: usize, f: usize, padding: Padding) {
         let window = Window::new(&[28, 28], &[3, 3], &[1, 1], &[1, 1], padding).unwrap();
         let n = 8;
-        let out = window.positions();
         let tensor = |len: usize, seed: u64, dims: &[usize]| {
             let v: Vec<f32> = values(len, seed).into_iter().map(|v| v as f32).collect();
             Tensor::from_slice(&v, dims, Device::Cpu)
@@ -715,8 +714,11 @@ mod tests {
         };
         let x = tensor(n * 784 * c, 1, &[n, 28, 28, c]);
         let k = tensor(9 * c * f, 2, &[3, 3, c, f]);
-        let side = window.output()[0];
-        let dy = tensor(n * out * f, 3, &[n, side, window.output()[1], f]);
+        let dy = tensor(
+            n * window.positions() * f,
+            3,
+            &Window::dims(n, window.output(), f),
+        );
         let results = |threads: usize| {
             std::thread::spawn({
                 let (x, k, dy) = (x.clone(), k.clone(), dy.clone());
